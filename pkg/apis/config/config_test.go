@@ -1,0 +1,127 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestDefaultsAreTheProductionNumbers(t *testing.T) {
+	c := Default()
+	if err := Validate(c); err != nil {
+		t.Fatalf("defaults do not validate: %v", err)
+	}
+	want := &Configuration{
+		APIVersion: "tessera.dev/v1alpha1",
+		Kind:       "TesseraConfiguration",
+		Allocator: AllocatorConfig{
+			Policy:                  PolicyTessera,
+			MemoryOversubscription:  1.5,
+			ComputeOversubscription: 1.0,
+			MinSliceMiB:             MinSlice{Training: 8192, Inference: 4096},
+			WorkloadCoverage:        0.95,
+		},
+		TimeSlice: TimeSliceConfig{ComputeBound: Duration{100 * time.Millisecond}, IOBound: Duration{50 * time.Millisecond}},
+		Fragments: FragmentConfig{SampleInterval: Duration{500 * time.Millisecond}, DecreaseAbove: 0.85, IncreaseBelow: 0.40},
+		Stall:     StallConfig{Window: Duration{5 * time.Minute}, Threshold: 0.15},
+	}
+	if diff := cmp.Diff(want, c); diff != "" {
+		t.Errorf("Default() (-want +got):\n%s", diff)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	tests := []struct {
+		name      string
+		yaml      string
+		wantErr   []string // each must appear
+		wantField string   // with errors.As, the first FieldError's field
+		check     func(*testing.T, *Configuration)
+	}{
+		{
+			name: "minimal",
+			yaml: "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\n",
+			check: func(t *testing.T, c *Configuration) {
+				if c.Allocator.Policy != DefaultPolicy {
+					t.Errorf("policy = %q, want the default", c.Allocator.Policy)
+				}
+			},
+		},
+		{
+			name: "overrides",
+			yaml: "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\nallocator:\n  policy: fgd\n  memoryOversubscription: 1.2\ntimeSlice:\n  computeBound: 200ms\n",
+			check: func(t *testing.T, c *Configuration) {
+				if c.Allocator.Policy != PolicyFGD || c.Allocator.MemoryOversubscription != 1.2 || c.TimeSlice.ComputeBound.Duration != 200*time.Millisecond {
+					t.Errorf("overrides not applied: %+v", c)
+				}
+			},
+		},
+		{name: "oversubscription above 1.5", yaml: "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\nallocator:\n  memoryOversubscription: 2.0\n",
+			wantErr: []string{"allocator.memoryOversubscription: invalid value 2"}, wantField: "allocator.memoryOversubscription"},
+		{name: "oversubscription below 1", yaml: "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\nallocator:\n  memoryOversubscription: 0.5\n",
+			wantErr: []string{"must be between 1.0 and 1.5"}, wantField: "allocator.memoryOversubscription"},
+		{name: "compute oversubscription", yaml: "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\nallocator:\n  computeOversubscription: 1.1\n",
+			wantErr: []string{"allocator.computeOversubscription", "never oversubscribed"}, wantField: "allocator.computeOversubscription"},
+		{name: "negative minimum", yaml: "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\nallocator:\n  minSliceMiB:\n    training: -1\n",
+			wantErr: []string{"allocator.minSliceMiB.training: invalid value -1"}, wantField: "allocator.minSliceMiB.training"},
+		{name: "unknown policy", yaml: "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\nallocator:\n  policy: firstfit\n",
+			wantErr: []string{"allocator.policy: invalid value firstfit: want one of binpack, spread, fgd, tessera"}, wantField: "allocator.policy"},
+		{name: "thresholds that would flap", yaml: "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\nfragments:\n  decreaseAbove: 0.5\n  increaseBelow: 0.6\n",
+			wantErr: []string{"fragments.increaseBelow", "flap"}, wantField: "fragments.increaseBelow"},
+		{name: "negative duration", yaml: "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\ntimeSlice:\n  ioBound: -5ms\n",
+			wantErr: []string{"timeSlice.ioBound: invalid value -5ms"}, wantField: "timeSlice.ioBound"},
+		{name: "misspelt field", yaml: "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\nallocator:\n  polcy: fgd\n",
+			wantErr: []string{`unknown field "polcy"`}},
+		{name: "bad duration", yaml: "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\nstall:\n  window: five minutes\n",
+			wantErr: []string{"five minutes"}},
+		{name: "wrong version", yaml: "apiVersion: tessera.dev/v2\nkind: TesseraConfiguration\n",
+			wantErr: []string{"apiVersion: invalid value tessera.dev/v2"}, wantField: "apiVersion"},
+		{name: "two problems at once", yaml: "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\nallocator:\n  policy: x\n  memoryOversubscription: 9\n",
+			wantErr: []string{"allocator.policy", "allocator.memoryOversubscription"}, wantField: "allocator.policy"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Load([]byte(tt.yaml))
+			if len(tt.wantErr) == 0 {
+				if err != nil {
+					t.Fatalf("Load() = %v", err)
+				}
+				tt.check(t, c)
+				return
+			}
+			if err == nil {
+				t.Fatalf("Load() succeeded, want an error containing %q", tt.wantErr)
+			}
+			for _, w := range tt.wantErr {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+			if tt.wantField != "" {
+				var fe *FieldError
+				if !errors.As(err, &fe) || fe.Field != tt.wantField {
+					t.Errorf("errors.As FieldError = %v, want field %q", fe, tt.wantField)
+				}
+			}
+		})
+	}
+}
+
+func FuzzLoad(f *testing.F) {
+	f.Add([]byte("apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\n"))
+	f.Add([]byte("allocator: {policy: fgd, memoryOversubscription: 1.5}"))
+	f.Add([]byte("timeSlice: {computeBound: 1h}"))
+	f.Add([]byte("{"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := Load(b)
+		if err != nil {
+			return
+		}
+		if err := Validate(c); err != nil {
+			t.Fatalf("Load accepted a config that does not validate: %v", err)
+		}
+	})
+}

@@ -1,0 +1,106 @@
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"sigs.k8s.io/yaml"
+)
+
+// Production defaults. They come from the source material's §7 "golden
+// parameters" unless noted.
+const (
+	DefaultPolicy                  = PolicyTessera
+	DefaultMemoryOversubscription  = 1.5
+	MaxMemoryOversubscription      = 1.5
+	DefaultComputeOversubscription = 1.0
+	DefaultMinSliceTrainingMiB     = 8 << 10
+	DefaultMinSliceInferenceMiB    = 4 << 10
+	// DefaultWorkloadCoverage is the FGD paper's: the request shapes that together
+	// make up 95 % of pods form the target workload.
+	DefaultWorkloadCoverage      = 0.95
+	DefaultTimeSliceComputeBound = 100 * time.Millisecond
+	DefaultTimeSliceIOBound      = 50 * time.Millisecond
+	DefaultSampleInterval        = 500 * time.Millisecond
+	DefaultDecreaseAbove         = 0.85
+	DefaultIncreaseBelow         = 0.40
+	DefaultStallWindow           = 5 * time.Minute
+	DefaultStallThreshold        = 0.15
+)
+
+// Default returns a configuration with every field at its production default.
+func Default() *Configuration {
+	c := &Configuration{}
+	SetDefaults(c)
+	return c
+}
+
+// SetDefaults fills every zero field of c with its production default.
+func SetDefaults(c *Configuration) {
+	if c.APIVersion == "" {
+		c.APIVersion = APIVersion
+	}
+	if c.Kind == "" {
+		c.Kind = Kind
+	}
+	a := &c.Allocator
+	if a.Policy == "" {
+		a.Policy = DefaultPolicy
+	}
+	if a.MemoryOversubscription == 0 {
+		a.MemoryOversubscription = DefaultMemoryOversubscription
+	}
+	if a.ComputeOversubscription == 0 {
+		a.ComputeOversubscription = DefaultComputeOversubscription
+	}
+	if a.MinSliceMiB.Training == 0 {
+		a.MinSliceMiB.Training = DefaultMinSliceTrainingMiB
+	}
+	if a.MinSliceMiB.Inference == 0 {
+		a.MinSliceMiB.Inference = DefaultMinSliceInferenceMiB
+	}
+	if a.WorkloadCoverage == 0 {
+		a.WorkloadCoverage = DefaultWorkloadCoverage
+	}
+	setDuration(&c.TimeSlice.ComputeBound, DefaultTimeSliceComputeBound)
+	setDuration(&c.TimeSlice.IOBound, DefaultTimeSliceIOBound)
+	setDuration(&c.Fragments.SampleInterval, DefaultSampleInterval)
+	if c.Fragments.DecreaseAbove == 0 {
+		c.Fragments.DecreaseAbove = DefaultDecreaseAbove
+	}
+	if c.Fragments.IncreaseBelow == 0 {
+		c.Fragments.IncreaseBelow = DefaultIncreaseBelow
+	}
+	setDuration(&c.Stall.Window, DefaultStallWindow)
+	if c.Stall.Threshold == 0 {
+		c.Stall.Threshold = DefaultStallThreshold
+	}
+}
+
+func setDuration(d *Duration, v time.Duration) {
+	if d.Duration == 0 {
+		d.Duration = v
+	}
+}
+
+// Load decodes a YAML or JSON configuration strictly (an unknown or misspelt
+// field is an error), applies defaults and validates it.
+func Load(data []byte) (*Configuration, error) {
+	js, err := yaml.YAMLToJSON(data)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	c := &Configuration{}
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(c); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	SetDefaults(c)
+	if err := Validate(c); err != nil {
+		return nil, err
+	}
+	return c, nil
+}

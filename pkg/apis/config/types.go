@@ -1,0 +1,116 @@
+// Package config is Tessera's versioned configuration (tessera.dev/v1alpha1):
+// the types, their production defaults, strict decoding and validation that
+// names the field at fault. Every number an operator may tune lives here; the
+// components read it and never hard-code their own.
+//
+// It must not import Kubernetes or anything that does I/O beyond reading the
+// bytes it is given.
+package config
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// APIVersion and Kind identify a Tessera configuration document.
+const (
+	APIVersion = "tessera.dev/v1alpha1"
+	Kind       = "TesseraConfiguration"
+)
+
+// Policy names a scoring policy of pkg/allocator.
+type Policy string
+
+// The scoring policies. Their meaning is documented in pkg/allocator.
+const (
+	PolicyBinpack Policy = "binpack"
+	PolicySpread  Policy = "spread"
+	PolicyFGD     Policy = "fgd"
+	PolicyTessera Policy = "tessera"
+)
+
+// Policies lists every known policy, in the order tools print them.
+var Policies = []Policy{PolicyBinpack, PolicySpread, PolicyFGD, PolicyTessera}
+
+// Configuration is the whole of Tessera's tunable behaviour.
+type Configuration struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+
+	// Allocator is what the scheduler and the simulator place pods with.
+	Allocator AllocatorConfig `json:"allocator"`
+	// TimeSlice is the slice length for time-shared GPUs.
+	TimeSlice TimeSliceConfig `json:"timeSlice"`
+	// Fragments drives the agent's slice adjuster.
+	Fragments FragmentConfig `json:"fragments"`
+	// Stall is the alert on the stall metric.
+	Stall StallConfig `json:"stall"`
+}
+
+// AllocatorConfig configures pkg/allocator.
+type AllocatorConfig struct {
+	// Policy scores candidate placements.
+	Policy Policy `json:"policy"`
+	// MemoryOversubscription is how far the sum of memory slices on one shared GPU
+	// may exceed its memory: 1.0 means none; at most 1.5 (source material, §7).
+	MemoryOversubscription float64 `json:"memoryOversubscription"`
+	// ComputeOversubscription must stay 1.0: compute is never oversubscribed
+	// (source material, §7). It is a field so that a config asking for more is
+	// refused by name instead of silently ignored.
+	ComputeOversubscription float64 `json:"computeOversubscription"`
+	// MinSliceMiB is the smallest memory slice per workload class; a smaller ask is
+	// rounded up to it (source material, §7: 8 GiB training, 4 GiB inference).
+	MinSliceMiB MinSlice `json:"minSliceMiB"`
+	// WorkloadCoverage is the share of recently seen pods whose request shapes form
+	// the target workload of the fgd and tessera policies (FGD paper: 0.95).
+	WorkloadCoverage float64 `json:"workloadCoverage"`
+}
+
+// MinSlice is a memory minimum per workload class, in MiB.
+type MinSlice struct {
+	Training  int64 `json:"training"`
+	Inference int64 `json:"inference"`
+}
+
+// TimeSliceConfig is the time-slice length per workload character.
+type TimeSliceConfig struct {
+	ComputeBound Duration `json:"computeBound"`
+	IOBound      Duration `json:"ioBound"`
+}
+
+// FragmentConfig drives the slice adjuster.
+type FragmentConfig struct {
+	// SampleInterval is how often utilization is sampled.
+	SampleInterval Duration `json:"sampleInterval"`
+	// DecreaseAbove: fewer, larger slices when forecast utilization exceeds it (0–1).
+	DecreaseAbove float64 `json:"decreaseAbove"`
+	// IncreaseBelow: more slices when forecast utilization falls below it (0–1).
+	IncreaseBelow float64 `json:"increaseBelow"`
+}
+
+// StallConfig is the alert threshold on the stall ratio.
+type StallConfig struct {
+	Window    Duration `json:"window"`
+	Threshold float64  `json:"threshold"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("100ms").
+type Duration struct{ time.Duration }
+
+// MarshalJSON writes the duration as a string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// UnmarshalJSON reads a Go duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("want a duration string such as \"100ms\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	d.Duration = v
+	return nil
+}

@@ -1,0 +1,134 @@
+package gpu
+
+// ResourceGPU and its siblings are the extended resources a pod asks for, per
+// container. They are the user-facing contract (see README.md).
+const (
+	// ResourceGPU is the number of GPUs a container wants.
+	ResourceGPU = "tessera.dev/gpu"
+	// ResourceMemory is the GPU memory, in MiB, wanted on each of those GPUs.
+	ResourceMemory = "tessera.dev/gpu-memory"
+	// ResourceCores is the percentage (1–100) of one GPU's SMs wanted on each GPU.
+	ResourceCores = "tessera.dev/gpu-cores"
+)
+
+// Pod annotations a user may set.
+const (
+	AnnotationSharing  = "tessera.dev/sharing"
+	AnnotationWorkload = "tessera.dev/workload"
+	AnnotationGPUModel = "tessera.dev/gpu-model"
+)
+
+// AnnotationAssignment is written by the scheduler only; the agent trusts nothing
+// else. It holds an encoded PodAssignment (see EncodeAssignment).
+const AnnotationAssignment = "tessera.dev/assignment"
+
+// CoresPerGPU is the compute capacity of one GPU in Tessera's internal unit:
+// per-mille of its SMs. Users speak percent (1–100); the trace simulator speaks
+// milli-GPU (1–1000); per-mille serves both without rounding.
+const CoresPerGPU = 1000
+
+// SharingMode is how a GPU is shared, or how a pod wants to share one.
+type SharingMode string
+
+// Sharing modes. A pod asks for one of them (or auto); a GPU runs exactly one
+// at a time (ModeNone while it is free).
+const (
+	ModeNone        SharingMode = ""
+	ModeAuto        SharingMode = "auto"
+	ModeExclusive   SharingMode = "exclusive"
+	ModeMPS         SharingMode = "mps"
+	ModeTimeSlicing SharingMode = "time-slicing"
+)
+
+// WorkloadClass says what a pod does with its GPU; it selects the minimum slice.
+type WorkloadClass string
+
+// Workload classes.
+const (
+	WorkloadUnspecified WorkloadClass = ""
+	WorkloadTraining    WorkloadClass = "training"
+	WorkloadInference   WorkloadClass = "inference"
+)
+
+// Device is one physical GPU of a node as the agent reports it.
+type Device struct {
+	// Index is the NVML index on the node.
+	Index int `json:"index"`
+	UUID  string `json:"uuid"`
+	// Model is the product name, for example "NVIDIA H100 80GB HBM3" or a short
+	// name such as "A100"; allow-lists match it exactly.
+	Model     string `json:"model"`
+	MemoryMiB int64  `json:"memoryMiB"`
+	SMCount   int    `json:"smCount,omitempty"`
+	Healthy   bool   `json:"healthy"`
+	// MPSCapable says the agent runs an MPS daemon for this GPU, so sharing
+	// requests landing on it run as MPS clients with driver-enforced limits.
+	MPSCapable bool `json:"mpsCapable,omitempty"`
+	// NVLinkPeers lists the indices of GPUs reachable over NVLink.
+	NVLinkPeers []int `json:"nvlinkPeers,omitempty"`
+}
+
+// NodeInventory is what a node offers: its allocatable CPU and memory and its GPUs.
+type NodeInventory struct {
+	Node      string   `json:"node"`
+	CPUMilli  int64    `json:"cpuMilli"`
+	MemoryMiB int64    `json:"memoryMiB"`
+	GPUs      []Device `json:"gpus"`
+}
+
+// ContainerRequest is the GPU part of one container's resources.
+type ContainerRequest struct {
+	Name string `json:"name,omitempty"`
+	// GPUs is the number of GPUs (tessera.dev/gpu); 0 means no GPU.
+	GPUs int `json:"gpus"`
+	// MemoryMiB per GPU; 0 means "not given".
+	MemoryMiB int64 `json:"memoryMiB,omitempty"`
+	// CoresPercent per GPU, 1–100; 0 means "not given".
+	CoresPercent int `json:"coresPercent,omitempty"`
+}
+
+// Whole reports whether the container wants whole GPUs: neither memory nor cores given.
+func (c ContainerRequest) Whole() bool { return c.MemoryMiB == 0 && c.CoresPercent == 0 }
+
+// Request is a pod's demand. Sharing, workload, models and priority come from pod
+// annotations and the pod spec, so they apply to every container of the pod.
+type Request struct {
+	Containers    []ContainerRequest `json:"containers"`
+	CPUMilli      int64              `json:"cpuMilli,omitempty"`
+	MemoryMiB     int64              `json:"memoryMiB,omitempty"`
+	Sharing       SharingMode        `json:"sharing,omitempty"`
+	Workload      WorkloadClass      `json:"workload,omitempty"`
+	AllowedModels []string           `json:"allowedModels,omitempty"`
+	Priority      int32              `json:"priority,omitempty"`
+}
+
+// GPUCount is the number of GPUs the pod asks for over all its containers.
+func (r *Request) GPUCount() int {
+	n := 0
+	for _, c := range r.Containers {
+		n += c.GPUs
+	}
+	return n
+}
+
+// GPUGrant is what one container got on one GPU.
+type GPUGrant struct {
+	UUID      string `json:"uuid"`
+	Index     int    `json:"index"`
+	MemoryMiB int64  `json:"memoryMiB"`
+	// CoresPerMille is the share of the GPU's SMs, in per-mille (see CoresPerGPU).
+	CoresPerMille int `json:"cores"`
+}
+
+// ContainerAssignment is the scheduler's decision for one container.
+type ContainerAssignment struct {
+	Name string      `json:"name"`
+	Mode SharingMode `json:"mode"`
+	GPUs []GPUGrant  `json:"gpus"`
+}
+
+// PodAssignment is the scheduler's decision for a pod on one node.
+type PodAssignment struct {
+	Node       string                `json:"node"`
+	Containers []ContainerAssignment `json:"containers"`
+}

@@ -1,0 +1,191 @@
+package gpu
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// ErrInvalid is wrapped by every validation and decoding error of this package,
+// so callers can tell bad input (tell the user) from other failures.
+var ErrInvalid = errors.New("invalid")
+
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+}
+
+// ParseSharingMode parses the tessera.dev/sharing annotation. An empty value means auto.
+func ParseSharingMode(s string) (SharingMode, error) {
+	switch m := SharingMode(strings.TrimSpace(s)); m {
+	case ModeNone, ModeAuto:
+		return ModeAuto, nil
+	case ModeExclusive, ModeMPS, ModeTimeSlicing:
+		return m, nil
+	}
+	return "", invalidf("%s=%q: want one of exclusive, mps, time-slicing, auto", AnnotationSharing, s)
+}
+
+// ParseWorkloadClass parses the tessera.dev/workload annotation.
+func ParseWorkloadClass(s string) (WorkloadClass, error) {
+	switch w := WorkloadClass(strings.TrimSpace(s)); w {
+	case WorkloadUnspecified, WorkloadTraining, WorkloadInference:
+		return w, nil
+	}
+	return "", invalidf("%s=%q: want training or inference", AnnotationWorkload, s)
+}
+
+// ParseModelList parses the tessera.dev/gpu-model allow-list: model names
+// separated by commas or '|' (the trace format). Empty means any model.
+func ParseModelList(s string) ([]string, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return nil, nil
+	}
+	fields := strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == '|' })
+	models := make([]string, 0, len(fields))
+	seen := make(map[string]bool, len(fields))
+	for _, f := range fields {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if seen[f] {
+			continue
+		}
+		seen[f] = true
+		models = append(models, f)
+	}
+	if len(models) == 0 {
+		return nil, invalidf("%s=%q: no model named", AnnotationGPUModel, s)
+	}
+	return models, nil
+}
+
+// ApplyAnnotations fills the pod-level fields of r from a pod's annotations.
+func (r *Request) ApplyAnnotations(annotations map[string]string) error {
+	var err error
+	if r.Sharing, err = ParseSharingMode(annotations[AnnotationSharing]); err != nil {
+		return err
+	}
+	if r.Workload, err = ParseWorkloadClass(annotations[AnnotationWorkload]); err != nil {
+		return err
+	}
+	if r.AllowedModels, err = ParseModelList(annotations[AnnotationGPUModel]); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Validate checks a request for values no GPU could ever satisfy or that
+// contradict each other. Each error names the container and resource at fault.
+func (r *Request) Validate() error {
+	if r.CPUMilli < 0 {
+		return invalidf("cpu request %dm is negative", r.CPUMilli)
+	}
+	if r.MemoryMiB < 0 {
+		return invalidf("memory request %dMiB is negative", r.MemoryMiB)
+	}
+	switch r.Sharing {
+	case ModeNone, ModeAuto, ModeExclusive, ModeMPS, ModeTimeSlicing:
+	default:
+		return invalidf("%s=%q: unknown sharing mode", AnnotationSharing, r.Sharing)
+	}
+	switch r.Workload {
+	case WorkloadUnspecified, WorkloadTraining, WorkloadInference:
+	default:
+		return invalidf("%s=%q: unknown workload class", AnnotationWorkload, r.Workload)
+	}
+	for i, c := range r.Containers {
+		name := c.Name
+		if name == "" {
+			name = fmt.Sprintf("#%d", i)
+		}
+		switch {
+		case c.GPUs < 0:
+			return invalidf("container %s: %s=%d is negative", name, ResourceGPU, c.GPUs)
+		case c.MemoryMiB < 0:
+			return invalidf("container %s: %s=%d is negative", name, ResourceMemory, c.MemoryMiB)
+		case c.CoresPercent < 0 || c.CoresPercent > 100:
+			return invalidf("container %s: %s=%d: must be 1–100 (percent of one GPU's SMs)", name, ResourceCores, c.CoresPercent)
+		case c.GPUs == 0 && !c.Whole():
+			return invalidf("container %s: asks for %s or %s but %s is 0", name, ResourceMemory, ResourceCores, ResourceGPU)
+		case c.GPUs > 0 && c.Whole() && (r.Sharing == ModeMPS || r.Sharing == ModeTimeSlicing):
+			return invalidf("container %s: %s=%s needs %s or %s to size the slice", name, AnnotationSharing, r.Sharing, ResourceMemory, ResourceCores)
+		}
+	}
+	return nil
+}
+
+// Validate checks an inventory: unique indices and UUIDs, positive sizes, NVLink
+// peers that exist.
+func (n *NodeInventory) Validate() error {
+	if n.Node == "" {
+		return invalidf("inventory: node name is empty")
+	}
+	if n.CPUMilli < 0 || n.MemoryMiB < 0 {
+		return invalidf("inventory %s: negative cpu (%d) or memory (%d)", n.Node, n.CPUMilli, n.MemoryMiB)
+	}
+	indices := make(map[int]bool, len(n.GPUs))
+	uuids := make(map[string]bool, len(n.GPUs))
+	for i, d := range n.GPUs {
+		switch {
+		case d.Index < 0:
+			return invalidf("inventory %s: gpus[%d].index %d is negative", n.Node, i, d.Index)
+		case indices[d.Index]:
+			return invalidf("inventory %s: gpus[%d].index %d is duplicated", n.Node, i, d.Index)
+		case d.UUID == "":
+			return invalidf("inventory %s: gpus[%d].uuid is empty", n.Node, i)
+		case uuids[d.UUID]:
+			return invalidf("inventory %s: gpus[%d].uuid %s is duplicated", n.Node, i, d.UUID)
+		case d.MemoryMiB <= 0:
+			return invalidf("inventory %s: gpus[%d].memoryMiB %d must be positive", n.Node, i, d.MemoryMiB)
+		case d.SMCount < 0:
+			return invalidf("inventory %s: gpus[%d].smCount %d is negative", n.Node, i, d.SMCount)
+		}
+		indices[d.Index] = true
+		uuids[d.UUID] = true
+	}
+	for i, d := range n.GPUs {
+		for _, p := range d.NVLinkPeers {
+			if p == d.Index || !indices[p] {
+				return invalidf("inventory %s: gpus[%d].nvlinkPeers names %d, which is not another GPU of the node", n.Node, i, p)
+			}
+		}
+	}
+	return nil
+}
+
+// Validate checks an assignment's shape: a node, named containers, a known mode
+// and grants with a UUID, positive memory and 1–1000 per-mille cores.
+func (a *PodAssignment) Validate() error {
+	if a.Node == "" {
+		return invalidf("assignment: node is empty")
+	}
+	for i, c := range a.Containers {
+		switch c.Mode {
+		case ModeExclusive, ModeMPS, ModeTimeSlicing:
+		default:
+			return invalidf("assignment: containers[%d].mode %q is not exclusive, mps or time-slicing", i, c.Mode)
+		}
+		if len(c.GPUs) == 0 {
+			return invalidf("assignment: containers[%d] has no GPU", i)
+		}
+		seen := make(map[string]bool, len(c.GPUs))
+		for j, g := range c.GPUs {
+			switch {
+			case g.UUID == "":
+				return invalidf("assignment: containers[%d].gpus[%d].uuid is empty", i, j)
+			case seen[g.UUID]:
+				return invalidf("assignment: containers[%d].gpus[%d].uuid %s is duplicated", i, j, g.UUID)
+			case g.Index < 0:
+				return invalidf("assignment: containers[%d].gpus[%d].index %d is negative", i, j, g.Index)
+			case g.MemoryMiB <= 0:
+				return invalidf("assignment: containers[%d].gpus[%d].memoryMiB %d must be positive", i, j, g.MemoryMiB)
+			case g.CoresPerMille <= 0 || g.CoresPerMille > CoresPerGPU:
+				return invalidf("assignment: containers[%d].gpus[%d].cores %d must be 1–%d", i, j, g.CoresPerMille, CoresPerGPU)
+			}
+			seen[g.UUID] = true
+		}
+	}
+	return nil
+}
