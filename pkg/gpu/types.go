@@ -53,7 +53,7 @@ const (
 // Device is one physical GPU of a node as the agent reports it.
 type Device struct {
 	// Index is the NVML index on the node.
-	Index int `json:"index"`
+	Index int    `json:"index"`
 	UUID  string `json:"uuid"`
 	// Model is the product name, for example "NVIDIA H100 80GB HBM3" or a short
 	// name such as "A100"; allow-lists match it exactly.

@@ -1,0 +1,350 @@
+package allocator
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+)
+
+// testNode builds a node of count GPUs of memMiB each; mps marks which are
+// MPS-capable.
+func testNode(t testing.TB, name string, count int, memMiB int64, mps bool) *Node {
+	t.Helper()
+	inv := &gpu.NodeInventory{Node: name, CPUMilli: 64000, MemoryMiB: 512 << 10}
+	for i := range count {
+		inv.GPUs = append(inv.GPUs, gpu.Device{Index: i, UUID: fmt.Sprintf("%s-GPU-%d", name, i), Model: "A100", MemoryMiB: memMiB, Healthy: true, MPSCapable: mps})
+	}
+	n, err := NewNode(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func newAllocator(t testing.TB, policy config.Policy, oversub float64) *Allocator {
+	t.Helper()
+	cfg := config.Default().Allocator
+	cfg.Policy = policy
+	cfg.MemoryOversubscription = oversub
+	a, err := New(&cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func compile(t testing.TB, r *gpu.Request) *Request {
+	t.Helper()
+	cfg := config.Default().Allocator
+	c, err := Compile(r, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func slice(memMiB int64, cores int) *gpu.Request {
+	return &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "main", GPUs: 1, MemoryMiB: memMiB, CoresPercent: cores}}}
+}
+
+type grantSummary struct {
+	GPU   int
+	Mem   int64
+	Cores int
+	Mode  gpu.SharingMode
+}
+
+func summarize(p *Placement) []grantSummary {
+	var out []grantSummary
+	for _, g := range p.Grants {
+		out = append(out, grantSummary{g.GPU, g.MemoryMiB, g.Cores, g.Mode()})
+	}
+	return out
+}
+
+func TestPlaceDecisionOrder(t *testing.T) {
+	tests := []struct {
+		name   string
+		mps    bool
+		before []*gpu.Request // placed first, in order
+		req    *gpu.Request
+		want   []grantSummary
+		reason string // substring of the failure, "" = fits
+	}{
+		{
+			name: "no sharing asked gets a whole GPU",
+			req:  &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1}}},
+			want: []grantSummary{{0, 81920, 1000, gpu.ModeExclusive}},
+		},
+		{
+			name: "sharing on an MPS-capable GPU runs as MPS client",
+			mps:  true,
+			req:  slice(10240, 25),
+			want: []grantSummary{{0, 10240, 250, gpu.ModeMPS}},
+		},
+		{
+			name: "sharing elsewhere is time-sliced",
+			req:  slice(10240, 25),
+			want: []grantSummary{{0, 10240, 250, gpu.ModeTimeSlicing}},
+		},
+		{
+			name:   "mps asked on GPUs without MPS does not fit",
+			req:    &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1, MemoryMiB: 1024, CoresPercent: 10}}, Sharing: gpu.ModeMPS},
+			reason: "no MPS-capable GPU",
+		},
+		{
+			name:   "time-slicing asked on a GPU running MPS must wait for another GPU",
+			mps:    true,
+			before: []*gpu.Request{slice(1024, 10), slice(1024, 10)},
+			req:    &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1, MemoryMiB: 1024, CoresPercent: 10}}, Sharing: gpu.ModeTimeSlicing},
+			// binpack put both MPS slices on GPU 0; GPU 1 is free.
+			want: []grantSummary{{1, 1024, 100, gpu.ModeTimeSlicing}},
+		},
+		{
+			name:   "exclusive annotation takes a whole GPU even with a size",
+			req:    &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1, MemoryMiB: 1024, CoresPercent: 10}}, Sharing: gpu.ModeExclusive},
+			want:   []grantSummary{{0, 81920, 1000, gpu.ModeExclusive}},
+			before: nil,
+		},
+		{
+			name:   "cores are never oversubscribed",
+			before: []*gpu.Request{slice(1024, 60), slice(1024, 60)},
+			req:    slice(1024, 50),
+			reason: "no GPU with 1024 MiB and 50% cores free; largest fragment",
+		},
+		{
+			name:   "memory oversubscribed up to 1.5x",
+			before: []*gpu.Request{slice(61440, 10)},
+			req:    slice(61440, 10),
+			want:   []grantSummary{{0, 61440, 100, gpu.ModeTimeSlicing}},
+		},
+		{
+			name:   "no memory left at 1.5x",
+			before: []*gpu.Request{slice(81920, 10), slice(81920, 10), slice(40960, 10), slice(40960, 10)},
+			req:    slice(4096, 10),
+			reason: "no GPU with 4096 MiB and 10% cores free; largest fragment 0 MiB",
+		},
+		{
+			name: "memory only: cores follow in proportion",
+			req:  slice(20480, 0),
+			want: []grantSummary{{0, 20480, 250, gpu.ModeTimeSlicing}},
+		},
+		{
+			name: "cores only: memory follows in proportion",
+			req:  slice(0, 50),
+			want: []grantSummary{{0, 40960, 500, gpu.ModeTimeSlicing}},
+		},
+		{
+			name: "training minimum slice rounds up",
+			req:  &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1, MemoryMiB: 1024, CoresPercent: 10}}, Workload: gpu.WorkloadTraining},
+			want: []grantSummary{{0, 8192, 100, gpu.ModeTimeSlicing}},
+		},
+		{
+			name: "inference minimum slice rounds up",
+			req:  &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1, MemoryMiB: 1024, CoresPercent: 10}}, Workload: gpu.WorkloadInference},
+			want: []grantSummary{{0, 4096, 100, gpu.ModeTimeSlicing}},
+		},
+		{
+			name:   "model allow-list",
+			req:    &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1}}, AllowedModels: []string{"H100"}},
+			reason: "no GPU of an allowed model (H100)",
+		},
+		{
+			name:   "node CPU",
+			req:    &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1}}, CPUMilli: 65000},
+			reason: "insufficient CPU: wants 65000m, node has 64000m free",
+		},
+		{
+			name:   "node memory",
+			req:    &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1}}, MemoryMiB: 1 << 30},
+			reason: "insufficient memory",
+		},
+		{
+			name:   "whole GPUs must be free",
+			before: []*gpu.Request{slice(1024, 10), {Containers: []gpu.ContainerRequest{{GPUs: 1}}}},
+			req:    &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1}}},
+			reason: "wants 1 whole GPUs, 0 are free",
+		},
+		{
+			name: "two containers never share a GPU",
+			req: &gpu.Request{Containers: []gpu.ContainerRequest{
+				{Name: "a", GPUs: 1, MemoryMiB: 1024, CoresPercent: 10},
+				{Name: "b", GPUs: 1, MemoryMiB: 1024, CoresPercent: 10},
+			}},
+			want: []grantSummary{{0, 1024, 100, gpu.ModeTimeSlicing}, {1, 1024, 100, gpu.ModeTimeSlicing}},
+		},
+		{
+			name: "CPU-only pod takes no GPU",
+			req:  &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "cpu"}}, CPUMilli: 1000},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := newAllocator(t, config.PolicyBinpack, 1.5)
+			n := testNode(t, "n", 2, 81920, tt.mps)
+			var p Placement
+			for i, b := range tt.before {
+				r := compile(t, b)
+				if why := a.Place(n, r, &p); !why.OK() {
+					t.Fatalf("setup request %d: %v", i, why)
+				}
+				n.Apply(r, &p)
+			}
+			why := a.Place(n, compile(t, tt.req), &p)
+			if tt.reason != "" {
+				if why.OK() || !strings.Contains(why.String(), tt.reason) {
+					t.Fatalf("Place() = %v, want a failure containing %q", why, tt.reason)
+				}
+				return
+			}
+			if !why.OK() {
+				t.Fatalf("Place() = %v, want a fit", why)
+			}
+			if diff := cmp.Diff(tt.want, summarize(&p)); diff != "" {
+				t.Errorf("grants (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestReasonNamesTheLargestFragment(t *testing.T) {
+	a := newAllocator(t, config.PolicyBinpack, 1.0)
+	n := testNode(t, "n", 4, 16384, false)
+	var p Placement
+	for i, mem := range []int64{12288, 16384, 16384, 8192} {
+		// Pin each filler to GPU i by placing whole-size slices in order.
+		r := compile(t, slice(mem, 10))
+		if why := a.Place(n, r, &p); !why.OK() || p.Grants[0].GPU != i {
+			t.Fatalf("setup %d: %v on GPU %v", i, why, p.Grants)
+		}
+		n.Apply(r, &p)
+	}
+	why := a.Place(n, compile(t, slice(12288, 10)), &p)
+	want := "no GPU with 12288 MiB and 10% cores free; largest fragment 8192 MiB and 90% cores on GPU 3"
+	if why.String() != want {
+		t.Errorf("reason = %q, want %q", why, want)
+	}
+}
+
+func TestWholeGPUsPreferNVLinkClique(t *testing.T) {
+	// GPUs 0-3 and 4-7 form two NVLink islands; GPU 0 is busy, so a 4-GPU
+	// request must take 4-7 rather than the lowest free positions 1-4.
+	inv := &gpu.NodeInventory{Node: "dgx", CPUMilli: 64000, MemoryMiB: 1 << 20}
+	for i := range 8 {
+		d := gpu.Device{Index: i, UUID: fmt.Sprintf("GPU-%d", i), Model: "H100", MemoryMiB: 81920, Healthy: true}
+		base := i / 4 * 4
+		for j := base; j < base+4; j++ {
+			if j != i {
+				d.NVLinkPeers = append(d.NVLinkPeers, j)
+			}
+		}
+		inv.GPUs = append(inv.GPUs, d)
+	}
+	n, err := NewNode(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newAllocator(t, config.PolicyBinpack, 1.0)
+	var p Placement
+	one := compile(t, &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1}}})
+	a.Place(n, one, &p)
+	n.Apply(one, &p)
+	if why := a.Place(n, compile(t, &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 4}}}), &p); !why.OK() {
+		t.Fatal(why)
+	}
+	var got []int
+	for _, g := range p.Grants {
+		got = append(got, g.GPU)
+	}
+	if diff := cmp.Diff([]int{4, 5, 6, 7}, got); diff != "" {
+		t.Errorf("GPUs (-want +got):\n%s", diff)
+	}
+}
+
+func TestUnhealthyGPUIsNotPlacedOn(t *testing.T) {
+	a := newAllocator(t, config.PolicyBinpack, 1.0)
+	n := testNode(t, "n", 2, 16384, false)
+	n.SetHealthy("n-GPU-0", false)
+	var p Placement
+	if why := a.Place(n, compile(t, slice(1024, 10)), &p); !why.OK() || p.Grants[0].GPU != 1 {
+		t.Fatalf("Place() = %v on %v, want GPU 1", why, p.Grants)
+	}
+	n.SetHealthy("n-GPU-1", false)
+	if why := a.Place(n, compile(t, slice(1024, 10)), &p); why.Code != NoHealthyGPU {
+		t.Fatalf("Place() = %v, want NoHealthyGPU", why)
+	}
+}
+
+func TestChooseAndExplain(t *testing.T) {
+	a := newAllocator(t, config.PolicyBinpack, 1.0)
+	nodes := []*Node{testNode(t, "a", 1, 16384, false), testNode(t, "b", 1, 16384, false)}
+	var p Placement
+	half := compile(t, slice(8192, 50))
+	// Binpack: the second half-GPU pod joins the first on the same node.
+	first := a.Choose(nodes, half, &p)
+	nodes[first].Apply(half, &p)
+	second := a.Choose(nodes, half, &p)
+	if first != 0 || second != 0 {
+		t.Fatalf("binpack chose %d then %d, want 0 and 0", first, second)
+	}
+	nodes[second].Apply(half, &p)
+	whole2 := compile(t, &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 2}}})
+	if got := a.Choose(nodes, whole2, &p); got != -1 {
+		t.Fatalf("Choose() = %d, want -1", got)
+	}
+	want := "0/2 nodes fit: 2× wants 2 whole GPUs, 0 are free"
+	if got := a.Explain(nodes, whole2); got != want {
+		t.Errorf("Explain() = %q, want %q", got, want)
+	}
+}
+
+func TestAddAssignmentRebuildsUsageAndRefusesCorruption(t *testing.T) {
+	a := newAllocator(t, config.PolicyBinpack, 1.0)
+	n := testNode(t, "n", 2, 16384, true)
+	var p Placement
+	r := compile(t, slice(4096, 20))
+	a.Place(n, r, &p)
+	rec := n.Assignment(r, &p)
+	// A restarted scheduler rebuilds the node from the recorded assignment.
+	m := testNode(t, "n", 2, 16384, true)
+	if err := m.AddAssignment(rec, r.CPUMilli, r.MemoryMiB, 1.0); err != nil {
+		t.Fatal(err)
+	}
+	n.Apply(r, &p)
+	for i := range n.GPUs {
+		if n.GPUs[i].use != m.GPUs[i].use {
+			t.Errorf("GPU %d: rebuilt %+v, original %+v", i, m.GPUs[i].use, n.GPUs[i].use)
+		}
+	}
+	bad := *rec
+	bad.Containers = []gpu.ContainerAssignment{{Name: "x", Mode: gpu.ModeTimeSlicing, GPUs: []gpu.GPUGrant{{UUID: "n-GPU-0", MemoryMiB: 1, CoresPerMille: 1}}}}
+	if err := m.AddAssignment(&bad, 0, 0, 1.0); err == nil || !strings.Contains(err.Error(), "already runs mps") {
+		t.Errorf("mode conflict: err = %v", err)
+	}
+	bad.Containers = []gpu.ContainerAssignment{{Name: "x", Mode: gpu.ModeMPS, GPUs: []gpu.GPUGrant{{UUID: "n-GPU-0", MemoryMiB: 1, CoresPerMille: 900}}}}
+	if err := m.AddAssignment(&bad, 0, 0, 1.0); err == nil || !strings.Contains(err.Error(), "over its limits") {
+		t.Errorf("over limits: err = %v", err)
+	}
+	bad.Containers[0].GPUs[0].UUID = "GPU-unknown"
+	if err := m.AddAssignment(&bad, 0, 0, 1.0); err == nil || !strings.Contains(err.Error(), "does not have") {
+		t.Errorf("unknown GPU: err = %v", err)
+	}
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	cfg := config.Default().Allocator
+	cfg.Policy = "firstfit"
+	if _, err := New(&cfg, nil); err == nil || !strings.Contains(err.Error(), "allocator.policy") {
+		t.Errorf("unknown policy: err = %v", err)
+	}
+	cfg = config.Default().Allocator
+	cfg.MemoryOversubscription = 2
+	if _, err := New(&cfg, nil); err == nil || !strings.Contains(err.Error(), "allocator.memoryOversubscription") {
+		t.Errorf("oversubscription: err = %v", err)
+	}
+}

@@ -1,0 +1,174 @@
+package allocator
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+)
+
+// Container is one container's GPU demand, resolved for placement.
+type Container struct {
+	Name  string
+	Count int
+	// Whole containers take entire GPUs exclusively.
+	Whole bool
+	// MemoryMiB per GPU; 0 means "the same share of the GPU's memory as Cores
+	// is of its SMs" (how the trace simulator maps gpu_milli).
+	MemoryMiB int64
+	// Cores per GPU, per-mille; 0 means "the same share of the SMs as MemoryMiB
+	// is of the GPU's memory", so compute stays accounted and never oversubscribed.
+	Cores int
+	// MinMemoryMiB is the workload class's minimum slice; a smaller slice is
+	// rounded up to it.
+	MinMemoryMiB int64
+}
+
+// Request is a pod's demand as the allocator uses it. Build one with Compile,
+// or directly (the simulator does) and check it with Check.
+type Request struct {
+	CPUMilli  int64
+	MemoryMiB int64
+	// Sharing is auto, exclusive, mps or time-slicing.
+	Sharing    gpu.SharingMode
+	Models     []string
+	Containers []Container
+	Priority   int32
+}
+
+// Compile validates a pod's request and resolves it for placement: percent
+// cores become per-mille, whole and exclusive requests become Whole, and the
+// workload class selects the minimum slice.
+func Compile(r *gpu.Request, cfg *config.AllocatorConfig) (*Request, error) {
+	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	out := &Request{CPUMilli: r.CPUMilli, MemoryMiB: r.MemoryMiB, Sharing: r.Sharing, Models: r.AllowedModels, Priority: r.Priority}
+	if out.Sharing == gpu.ModeNone {
+		out.Sharing = gpu.ModeAuto
+	}
+	var minMem int64
+	switch r.Workload {
+	case gpu.WorkloadTraining:
+		minMem = cfg.MinSliceMiB.Training
+	case gpu.WorkloadInference:
+		minMem = cfg.MinSliceMiB.Inference
+	}
+	for _, c := range r.Containers {
+		out.Containers = append(out.Containers, Container{
+			Name:         c.Name,
+			Count:        c.GPUs,
+			Whole:        c.GPUs > 0 && (c.Whole() || r.Sharing == gpu.ModeExclusive),
+			MemoryMiB:    c.MemoryMiB,
+			Cores:        c.CoresPercent * gpu.CoresPerGPU / 100,
+			MinMemoryMiB: minMem,
+		})
+	}
+	return out, out.Check()
+}
+
+// Check validates a request built directly.
+func (r *Request) Check() error {
+	if r.CPUMilli < 0 || r.MemoryMiB < 0 {
+		return fmt.Errorf("%w: negative cpu (%d) or memory (%d)", gpu.ErrInvalid, r.CPUMilli, r.MemoryMiB)
+	}
+	switch r.Sharing {
+	case gpu.ModeAuto, gpu.ModeExclusive, gpu.ModeMPS, gpu.ModeTimeSlicing:
+	default:
+		return fmt.Errorf("%w: sharing mode %q", gpu.ErrInvalid, r.Sharing)
+	}
+	total := 0
+	for i, c := range r.Containers {
+		switch {
+		case c.Count < 0:
+			return fmt.Errorf("%w: container %d asks for %d GPUs", gpu.ErrInvalid, i, c.Count)
+		case c.Count > MaxGPUsPerNode:
+			return fmt.Errorf("%w: container %d asks for %d GPUs; no node has more than %d", gpu.ErrInvalid, i, c.Count, MaxGPUsPerNode)
+		case c.Cores < 0 || c.Cores > gpu.CoresPerGPU:
+			return fmt.Errorf("%w: container %d asks for %d‰ of a GPU's cores", gpu.ErrInvalid, i, c.Cores)
+		case c.MemoryMiB < 0 || c.MinMemoryMiB < 0:
+			return fmt.Errorf("%w: container %d asks for negative GPU memory", gpu.ErrInvalid, i)
+		case c.Count > 0 && !c.Whole && c.Cores == 0 && c.MemoryMiB == 0:
+			return fmt.Errorf("%w: container %d shares a GPU but gives neither memory nor cores", gpu.ErrInvalid, i)
+		}
+		total += c.Count
+	}
+	if total > MaxGPUsPerNode {
+		return fmt.Errorf("%w: %d GPUs in one pod; no node has more than %d", gpu.ErrInvalid, total, MaxGPUsPerNode)
+	}
+	return nil
+}
+
+// GPUs is the number of GPUs the pod needs.
+func (r *Request) GPUs() int {
+	n := 0
+	for _, c := range r.Containers {
+		n += c.Count
+	}
+	return n
+}
+
+// GPUDemand is the pod's GPU demand in per-mille of a GPU: whole GPUs count
+// 1000 each, a slice counts its cores. Memory-only slices count 0 here, since
+// their compute share depends on the GPU they land on.
+func (r *Request) GPUDemand() int64 {
+	var d int64
+	for _, c := range r.Containers {
+		if c.Whole {
+			d += int64(c.Count) * gpu.CoresPerGPU
+		} else {
+			d += int64(c.Count) * int64(c.Cores)
+		}
+	}
+	return d
+}
+
+// Key identifies the request's shape: two requests with equal keys place
+// identically on any node. Caches and the workload model key on it.
+func (r *Request) Key() string {
+	var b strings.Builder
+	b.WriteString(strconv.FormatInt(r.CPUMilli, 10))
+	b.WriteByte('/')
+	b.WriteString(strconv.FormatInt(r.MemoryMiB, 10))
+	b.WriteByte('/')
+	b.WriteString(string(r.Sharing))
+	b.WriteByte('/')
+	b.WriteString(strings.Join(r.Models, "|"))
+	for _, c := range r.Containers {
+		fmt.Fprintf(&b, "/%d,%t,%d,%d,%d", c.Count, c.Whole, c.MemoryMiB, c.Cores, c.MinMemoryMiB)
+	}
+	return b.String()
+}
+
+func (r *Request) allows(model string) bool {
+	if len(r.Models) == 0 {
+		return true
+	}
+	for _, m := range r.Models {
+		if m == model {
+			return true
+		}
+	}
+	return false
+}
+
+// slice resolves a sharing container's memory and cores on a GPU.
+func (c *Container) slice(g *GPU) (mem int64, cores int64) {
+	mem, cores = c.MemoryMiB, int64(c.Cores)
+	if mem == 0 {
+		mem = g.MemoryMiB * cores / gpu.CoresPerGPU
+	}
+	if mem < c.MinMemoryMiB {
+		mem = c.MinMemoryMiB
+	}
+	if cores == 0 {
+		cores = (mem*gpu.CoresPerGPU + g.MemoryMiB - 1) / g.MemoryMiB
+	}
+	if mem == 0 {
+		// A tiny share of a small GPU still occupies memory.
+		mem = 1
+	}
+	return mem, cores
+}

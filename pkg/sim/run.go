@@ -1,0 +1,270 @@
+package sim
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+)
+
+// Trace is a cluster and a pod list, ready to replay.
+type Trace struct {
+	// Name labels the workload in the CSV output (for example "default").
+	Name  string
+	Nodes []NodeSpec
+	Pods  []PodSpec
+
+	shapes   []*allocator.Request // distinct pod shapes
+	shapeOf  []int                // pod index → shape id
+	workload *allocator.Workload
+	gpus     int
+}
+
+// NewTrace checks a trace and prepares what every run shares: the distinct
+// request shapes and the target workload, taken once from the pod list as
+// given (before tuning), as the FGD paper does: the most common shapes (CPU
+// milli, GPU milli, GPU count, GPU models) that together cover `coverage` of
+// the pods, CPU-only pods included.
+func NewTrace(name string, nodes []NodeSpec, pods []PodSpec, coverage float64) (*Trace, error) {
+	t := &Trace{Name: name, Nodes: nodes, Pods: pods, shapeOf: make([]int, len(pods))}
+	for _, n := range nodes {
+		t.gpus += n.GPUs
+	}
+	if t.gpus == 0 {
+		return nil, fmt.Errorf("%w: the cluster has no GPU", ErrTrace)
+	}
+	ids := map[string]int{}
+	typical := map[string]*allocator.ShapeCount{}
+	var order []string
+	for i, p := range pods {
+		r := p.Request()
+		if err := r.Check(); err != nil {
+			return nil, fmt.Errorf("pod %s: %w", p.Name, err)
+		}
+		k := r.Key()
+		id, ok := ids[k]
+		if !ok {
+			id = len(t.shapes)
+			ids[k] = id
+			t.shapes = append(t.shapes, r)
+		}
+		t.shapeOf[i] = id
+		// The paper's shapes leave out pod memory.
+		shape := *r
+		shape.MemoryMiB = 0
+		sk := shape.Key()
+		if sc := typical[sk]; sc != nil {
+			sc.Count++
+		} else {
+			typical[sk] = &allocator.ShapeCount{Request: &shape, Count: 1}
+			order = append(order, sk)
+		}
+	}
+	counts := make([]allocator.ShapeCount, 0, len(order))
+	for _, k := range order {
+		counts = append(counts, *typical[k])
+	}
+	w, err := allocator.NewWorkload(counts, coverage)
+	if err != nil {
+		return nil, err
+	}
+	t.workload = w
+	return t, nil
+}
+
+// GPUs is the number of GPUs in the cluster.
+func (t *Trace) GPUs() int { return t.gpus }
+
+// Workload is the target workload the fragmentation policies score against.
+func (t *Trace) Workload() *allocator.Workload { return t.workload }
+
+// Result is one policy × seed replay.
+type Result struct {
+	Workload string
+	Policy   config.Policy
+	Seed     uint64
+	Tune     float64
+	GPUs     int
+	// Curve[k] is the mean GPU allocation (% of capacity) over the arrivals at
+	// which arrived GPU demand rounded to k % of capacity; NaN if no arrival did.
+	Curve []float64
+	// Final is the allocation after the last arrival, in %.
+	Final float64
+	// Pods and Failed count arrivals and the ones that fit nowhere.
+	Pods, Failed int
+	// Placed[i] is the position in the trace's node list of the node the i-th
+	// arrival landed on, or -1; kept only when asked (tests compare it).
+	Placed []int
+}
+
+// At100 is the allocation when arrived demand reached 100 % of capacity.
+func (r *Result) At100() float64 {
+	if len(r.Curve) > 100 {
+		return r.Curve[100]
+	}
+	return math.NaN()
+}
+
+// RunOptions tune one replay.
+type RunOptions struct {
+	Policy config.Policy
+	Seed   uint64
+	Tune   float64
+	// Plain scores every node for every pod without the cache (for tests that
+	// prove the cache changes nothing).
+	Plain bool
+	// KeepPlacements fills Result.Placed.
+	KeepPlacements bool
+	// Progress, if set, is called with the arrivals done and the total.
+	Progress func(done, total int)
+}
+
+// Arrivals returns the pod sequence of a seed: every pod of the list, plus pods
+// drawn at random with replacement until their total GPU demand reaches
+// tune × capacity (above it, pods removed at random instead), then shuffled.
+func (t *Trace) Arrivals(seed uint64, tune float64) []int {
+	rng := rand.New(rand.NewPCG(seed, 0x7e55e7a))
+	target := int64(math.Round(tune * float64(t.gpus) * gpu.CoresPerGPU))
+	seq := make([]int, len(t.Pods))
+	var total int64
+	for i, p := range t.Pods {
+		seq[i] = i
+		total += p.Demand()
+	}
+	for total < target {
+		i := rng.IntN(len(t.Pods))
+		seq = append(seq, i)
+		total += t.Pods[i].Demand()
+	}
+	for total > target && len(seq) > 0 {
+		k := rng.IntN(len(seq))
+		d := t.Pods[seq[k]].Demand()
+		if total-d < target {
+			break
+		}
+		total -= d
+		seq[k] = seq[len(seq)-1]
+		seq = seq[:len(seq)-1]
+	}
+	rng.Shuffle(len(seq), func(i, j int) { seq[i], seq[j] = seq[j], seq[i] })
+	return seq
+}
+
+// nodeOrder is the seeded renaming of nodes: ties between equal scores go to
+// the earliest node of this order, as the published runs break them by the
+// smallest node name after a seeded renaming.
+func (t *Trace) nodeOrder(seed uint64) []int {
+	rng := rand.New(rand.NewPCG(seed, 0x40de))
+	return rng.Perm(len(t.Nodes))
+}
+
+// Run replays the trace once.
+func (t *Trace) Run(cfg config.AllocatorConfig, o RunOptions) (*Result, error) {
+	cfg.Policy = o.Policy
+	// Comparability with the paper: memory follows gpu_milli, no oversubscription.
+	cfg.MemoryOversubscription = 1.0
+	a, err := allocator.New(&cfg, t.workload)
+	if err != nil {
+		return nil, err
+	}
+	order := t.nodeOrder(o.Seed)
+	nodes := make([]*allocator.Node, len(order))
+	for i, k := range order {
+		if nodes[i], err = allocator.NewNode(t.Nodes[k].Inventory()); err != nil {
+			return nil, err
+		}
+	}
+	seq := t.Arrivals(o.Seed, o.Tune)
+	res := &Result{Workload: t.Name, Policy: o.Policy, Seed: o.Seed, Tune: o.Tune, GPUs: t.gpus, Pods: len(seq)}
+	cols := int(math.Round(o.Tune*100)) + 1
+	sums := make([]float64, cols)
+	counts := make([]int, cols)
+	if o.KeepPlacements {
+		res.Placed = make([]int, len(seq))
+	}
+	var cache *allocator.Cache
+	if !o.Plain {
+		cache = allocator.NewCache(a, nodes)
+	}
+	capacity := float64(t.gpus) * gpu.CoresPerGPU
+	var arrived, allocated int64
+	var p allocator.Placement
+	for step, pi := range seq {
+		shape := t.shapeOf[pi]
+		r := t.shapes[shape]
+		var best int
+		if cache != nil {
+			best = cache.Choose(r, shape, &p)
+		} else {
+			best = a.Choose(nodes, r, &p)
+		}
+		arrived += t.Pods[pi].Demand()
+		if best >= 0 {
+			nodes[best].Apply(r, &p)
+			for _, g := range p.Grants {
+				allocated += int64(g.Cores)
+			}
+		} else {
+			res.Failed++
+		}
+		if res.Placed != nil {
+			res.Placed[step] = -1
+			if best >= 0 {
+				res.Placed[step] = order[best]
+			}
+		}
+		alloc := 100 * float64(allocated) / capacity
+		if k := int(math.Round(100 * float64(arrived) / capacity)); k < cols {
+			sums[k] += alloc
+			counts[k]++
+		}
+		if o.Progress != nil && (step%256 == 0 || step == len(seq)-1) {
+			o.Progress(step+1, len(seq))
+		}
+	}
+	res.Curve = make([]float64, cols)
+	for k := range cols {
+		res.Curve[k] = math.NaN()
+		if counts[k] > 0 {
+			res.Curve[k] = sums[k] / float64(counts[k])
+		}
+	}
+	res.Final = 100 * float64(allocated) / capacity
+	return res, nil
+}
+
+// ParseSeeds reads "42-51", "42,43,50" or a mix of both.
+func ParseSeeds(s string) ([]uint64, error) {
+	var seeds []uint64
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		lo, hi, isRange := strings.Cut(part, "-")
+		var a, b uint64
+		if _, err := fmt.Sscanf(lo, "%d", &a); err != nil || strings.TrimSpace(lo) != fmt.Sprint(a) {
+			return nil, fmt.Errorf("--seeds %q: %q is not a seed", s, part)
+		}
+		b = a
+		if isRange {
+			if _, err := fmt.Sscanf(hi, "%d", &b); err != nil || strings.TrimSpace(hi) != fmt.Sprint(b) || b < a {
+				return nil, fmt.Errorf("--seeds %q: %q is not a range low-high", s, part)
+			}
+		}
+		if b-a > 10000 {
+			return nil, fmt.Errorf("--seeds %q: more than 10000 seeds", s)
+		}
+		for v := a; v <= b; v++ {
+			seeds = append(seeds, v)
+		}
+	}
+	if len(seeds) == 0 {
+		return nil, fmt.Errorf("--seeds %q: no seed", s)
+	}
+	return seeds, nil
+}
