@@ -125,7 +125,8 @@ type RunOptions struct {
 
 // Arrivals returns the pod sequence of a seed: every pod of the list, plus pods
 // drawn at random with replacement until their total GPU demand reaches
-// tune × capacity (above it, pods removed at random instead), then shuffled.
+// tune × capacity; or, when the list alone is above that, pods removed at
+// random until it is not. Then shuffled.
 func (t *Trace) Arrivals(seed uint64, tune float64) []int {
 	rng := rand.New(rand.NewPCG(seed, 0x7e55e7a))
 	target := int64(math.Round(tune * float64(t.gpus) * gpu.CoresPerGPU))
@@ -135,20 +136,19 @@ func (t *Trace) Arrivals(seed uint64, tune float64) []int {
 		seq[i] = i
 		total += p.Demand()
 	}
-	for total < target {
-		i := rng.IntN(len(t.Pods))
-		seq = append(seq, i)
-		total += t.Pods[i].Demand()
-	}
-	for total > target && len(seq) > 0 {
-		k := rng.IntN(len(seq))
-		d := t.Pods[seq[k]].Demand()
-		if total-d < target {
-			break
+	if total < target {
+		for total < target {
+			i := rng.IntN(len(t.Pods))
+			seq = append(seq, i)
+			total += t.Pods[i].Demand()
 		}
-		total -= d
-		seq[k] = seq[len(seq)-1]
-		seq = seq[:len(seq)-1]
+	} else {
+		for total > target {
+			k := rng.IntN(len(seq))
+			total -= t.Pods[seq[k]].Demand()
+			seq[k] = seq[len(seq)-1]
+			seq = seq[:len(seq)-1]
+		}
 	}
 	rng.Shuffle(len(seq), func(i, j int) { seq[i], seq[j] = seq[j], seq[i] })
 	return seq
@@ -183,6 +183,11 @@ func (t *Trace) Run(cfg config.AllocatorConfig, o RunOptions) (*Result, error) {
 	cols := int(math.Round(o.Tune*100)) + 1
 	sums := make([]float64, cols)
 	counts := make([]int, cols)
+	jumped := make([]float64, cols)
+	for k := range jumped {
+		jumped[k] = math.NaN()
+	}
+	lastK, prevAlloc := 0, 0.0
 	if o.KeepPlacements {
 		res.Placed = make([]int, len(seq))
 	}
@@ -217,8 +222,16 @@ func (t *Trace) Run(cfg config.AllocatorConfig, o RunOptions) (*Result, error) {
 				res.Placed[step] = order[best]
 			}
 		}
+		k := int(math.Round(100 * float64(arrived) / capacity))
+		// A large pod can jump over columns: the allocation in force at those
+		// levels is the one before it arrived.
+		for j := lastK + 1; j < k && j < cols; j++ {
+			jumped[j] = prevAlloc
+		}
+		lastK = max(lastK, k)
 		alloc := 100 * float64(allocated) / capacity
-		if k := int(math.Round(100 * float64(arrived) / capacity)); k < cols {
+		prevAlloc = alloc
+		if k < cols {
 			sums[k] += alloc
 			counts[k]++
 		}
@@ -228,9 +241,13 @@ func (t *Trace) Run(cfg config.AllocatorConfig, o RunOptions) (*Result, error) {
 	}
 	res.Curve = make([]float64, cols)
 	for k := range cols {
-		res.Curve[k] = math.NaN()
-		if counts[k] > 0 {
+		switch {
+		case counts[k] > 0:
 			res.Curve[k] = sums[k] / float64(counts[k])
+		case !math.IsNaN(jumped[k]):
+			res.Curve[k] = jumped[k]
+		default:
+			res.Curve[k] = math.NaN()
 		}
 	}
 	res.Final = 100 * float64(allocated) / capacity

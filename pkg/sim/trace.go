@@ -100,10 +100,15 @@ func (t *table) next() (*row, bool, error) {
 	if err == io.EOF {
 		return nil, false, nil
 	}
-	line, _ := t.r.FieldPos(0)
 	if err != nil {
+		line := 0
+		var pe *csv.ParseError
+		if errors.As(err, &pe) {
+			line, err = pe.Line, pe.Err
+		}
 		return nil, false, fmt.Errorf("%s:%d: %w: %v", t.file, line, ErrTrace, err)
 	}
+	line, _ := t.r.FieldPos(0)
 	return &row{t: t, rec: rec, line: line}, true, nil
 }
 

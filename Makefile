@@ -1,0 +1,56 @@
+# Tessera — the two commands a newcomer needs are `make demo` and `make test`.
+
+GO ?= go
+OPENB ?= ../shared/traces/openb
+
+.PHONY: demo test test-short bench bench-sim fuzz build vet fmt-check openb clean
+
+## demo: replay the built-in synthetic workload through every policy and print the summary.
+demo:
+	$(GO) run ./cmd/tessera sim --seeds 42-46
+
+## test: every test of the repository (vet and formatting first); the openb replays need ../shared.
+test: vet fmt-check
+	$(GO) test -count=1 ./...
+
+## test-short: the unit tests without the trace replays.
+test-short:
+	$(GO) test -short ./...
+
+## build: the binaries, into bin/.
+build:
+	$(GO) build -o bin/ ./cmd/...
+
+vet:
+	$(GO) vet ./...
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+## bench: the allocator's Go benchmarks (compare runs with benchstat).
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./pkg/allocator/
+
+## bench-sim: time one policy × one seed over the openb default trace, cached and plain.
+bench-sim: build
+	@for p in fgd tessera; do /usr/bin/time -f "$$p: %e s, %M KB" ./bin/tessera sim --policy $$p --seeds 42 \
+		--nodes $(OPENB)/openb_node_list_gpu_node.csv --pods $(OPENB)/openb_pod_list_default.csv >/dev/null; done
+	@/usr/bin/time -f "fgd --plain: %e s" ./bin/tessera sim --policy fgd --seeds 42 --plain \
+		--nodes $(OPENB)/openb_node_list_gpu_node.csv --pods $(OPENB)/openb_pod_list_default.csv >/dev/null
+
+## openb: the published comparison, seeds 42-51, on the four openb workloads.
+openb: build
+	@mkdir -p out
+	@for w in default gpushare40 multigpu50 gpuspec10; do ./bin/tessera sim --policy all --seeds 42-51 \
+		--nodes $(OPENB)/openb_node_list_gpu_node.csv --pods $(OPENB)/openb_pod_list_$$w.csv --out out/openb_$$w.csv || exit 1; done
+
+## fuzz: run each fuzz target for a while (make test runs their seed corpora only).
+fuzz:
+	$(GO) test ./pkg/gpu/ -run '^$$' -fuzz FuzzDecodeAssignment -fuzztime 30s
+	$(GO) test ./pkg/gpu/ -run '^$$' -fuzz FuzzDecodeInventory -fuzztime 30s
+	$(GO) test ./pkg/apis/config/ -run '^$$' -fuzz FuzzLoad -fuzztime 30s
+	$(GO) test ./pkg/sim/ -run '^$$' -fuzz FuzzParsePods -fuzztime 30s
+
+clean:
+	rm -rf bin out

@@ -1,0 +1,51 @@
+// Command tessera is the operator's tool: `tessera sim` replays a GPU-sharing
+// trace through Tessera's allocator and compares scoring policies.
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+)
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1 // the command ran and failed (bad trace, I/O)
+	exitUsage = 2 // the command line is wrong
+)
+
+const usage = `tessera — fine-grained GPU sharing for Kubernetes
+
+Usage:
+  tessera sim [flags]     replay a trace (or the built-in workload) through the allocator
+  tessera version         print the version
+
+Run 'tessera sim -h' for the simulator's flags.
+`
+
+// version is set at build time with -ldflags "-X main.version=…".
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	switch args[0] {
+	case "sim":
+		return runSim(args[1:], stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, version)
+		return exitOK
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "tessera: unknown command %q\n\n%s", args[0], usage)
+	return exitUsage
+}

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func runCLI(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestSimBuiltIn(t *testing.T) {
+	dir := t.TempDir()
+	csvPath, pngPath := filepath.Join(dir, "curve.csv"), filepath.Join(dir, "plot.png")
+	code, out, errOut := runCLI(t, "sim", "--seeds", "42-43", "--synthetic-nodes", "24", "--synthetic-pods", "300", "--out", csvPath, "--plot", pngPath, "--progress=false")
+	if code != exitOK {
+		t.Fatalf("exit %d, stderr:\n%s", code, errOut)
+	}
+	for _, want := range []string{"workload synthetic", "alloc@100%", "binpack", "spread", "fgd", "tessera"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("summary lacks %q:\n%s", want, out)
+		}
+	}
+	csv, err := os.ReadFile(csvPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rows := strings.Count(string(csv), "\n"); rows != 1+4*2 {
+		t.Errorf("CSV has %d lines, want a header and 8 rows", rows)
+	}
+	png, err := os.ReadFile(pngPath)
+	if err != nil || !bytes.HasPrefix(png, []byte("\x89PNG")) {
+		t.Errorf("plot is not a PNG (err %v)", err)
+	}
+}
+
+func TestSimBadInput(t *testing.T) {
+	dir := t.TempDir()
+	nodes := filepath.Join(dir, "nodes.csv")
+	pods := filepath.Join(dir, "pods.csv")
+	os.WriteFile(nodes, []byte("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,P100\n"), 0o644)
+	os.WriteFile(pods, []byte("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1024,1,500\np1,1000,1024,1,2000\n"), 0o644)
+	tests := []struct {
+		name     string
+		args     []string
+		wantCode int
+		wantErr  string
+	}{
+		{"malformed row", []string{"sim", "--nodes", nodes, "--pods", pods}, exitError, pods + ":3: bad trace: column gpu_milli: 2000 is outside 0..1000"},
+		{"unknown policy", []string{"sim", "--policy", "firstfit"}, exitUsage, `unknown policy "firstfit"`},
+		{"bad seeds", []string{"sim", "--seeds", "9-1"}, exitUsage, `--seeds "9-1"`},
+		{"bad tune", []string{"sim", "--tune", "-1"}, exitUsage, "--tune -1"},
+		{"half a trace", []string{"sim", "--nodes", nodes}, exitUsage, "--nodes and --pods go together"},
+		{"missing file", []string{"sim", "--nodes", nodes, "--pods", filepath.Join(dir, "none.csv")}, exitError, "none.csv"},
+		{"unknown command", []string{"simulate"}, exitUsage, `unknown command "simulate"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, out, errOut := runCLI(t, tt.args...)
+			if code != tt.wantCode {
+				t.Errorf("exit %d, want %d", code, tt.wantCode)
+			}
+			if !strings.Contains(errOut, tt.wantErr) {
+				t.Errorf("stderr %q does not contain %q", errOut, tt.wantErr)
+			}
+			if strings.Contains(out, "alloc@100%") {
+				t.Errorf("a summary was printed for a failed run:\n%s", out)
+			}
+		})
+	}
+}
+
+func TestSimBadConfig(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tessera.yaml")
+	os.WriteFile(path, []byte("apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\nallocator:\n  workloadCoverage: 2\n"), 0o644)
+	code, out, errOut := runCLI(t, "sim", "--config", path)
+	if code != exitError || !strings.Contains(errOut, "allocator.workloadCoverage") || out != "" {
+		t.Errorf("exit %d, stderr %q, stdout %q", code, errOut, out)
+	}
+}

@@ -1,0 +1,101 @@
+package sim
+
+import (
+	"encoding/csv"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"text/tabwriter"
+
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
+)
+
+// WriteCSV writes results in the FGD paper's format:
+// workload,sc_policy,tune,seed,total_gpus,0,1,…,N — allocation % at each
+// integer arrived % (empty where no arrival rounded to it).
+func WriteCSV(w io.Writer, results []*Result) error {
+	cw := csv.NewWriter(w)
+	cols := 0
+	for _, r := range results {
+		cols = max(cols, len(r.Curve))
+	}
+	header := []string{"workload", "sc_policy", "tune", "seed", "total_gpus"}
+	for k := range cols {
+		header = append(header, strconv.Itoa(k))
+	}
+	if err := cw.Write(header); err != nil {
+		return err
+	}
+	for _, r := range results {
+		row := []string{r.Workload, string(r.Policy), strconv.FormatFloat(r.Tune, 'f', -1, 64), strconv.FormatUint(r.Seed, 10), strconv.Itoa(r.GPUs)}
+		for k := range cols {
+			v := ""
+			if k < len(r.Curve) && !math.IsNaN(r.Curve[k]) {
+				v = strconv.FormatFloat(r.Curve[k], 'f', 2, 64)
+			}
+			row = append(row, v)
+		}
+		if err := cw.Write(row); err != nil {
+			return err
+		}
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+// Summary is one policy's results averaged over seeds.
+type Summary struct {
+	Policy config.Policy
+	Seeds  int
+	// At100 and Final are allocation % at 100 % arrived demand and at the end.
+	At100, Final float64
+	// Unallocated is the number of GPUs left unallocated at 100 % arrived.
+	Unallocated float64
+	// Failed is the number of pods that fit nowhere, and Pods all arrivals.
+	Failed, Pods float64
+}
+
+// Summarize averages results per policy, in the order policies first appear.
+func Summarize(results []*Result) []Summary {
+	var out []Summary
+	index := map[config.Policy]int{}
+	for _, r := range results {
+		i, ok := index[r.Policy]
+		if !ok {
+			i = len(out)
+			index[r.Policy] = i
+			out = append(out, Summary{Policy: r.Policy})
+		}
+		s := &out[i]
+		s.Seeds++
+		s.At100 += r.At100()
+		s.Final += r.Final
+		s.Unallocated += (1 - r.At100()/100) * float64(r.GPUs)
+		s.Failed += float64(r.Failed)
+		s.Pods += float64(r.Pods)
+	}
+	for i := range out {
+		s := &out[i]
+		n := float64(s.Seeds)
+		s.At100 /= n
+		s.Final /= n
+		s.Unallocated /= n
+		s.Failed /= n
+		s.Pods /= n
+	}
+	return out
+}
+
+// WriteSummary prints the summary table.
+func WriteSummary(w io.Writer, workload string, gpus int, tune float64, sums []Summary) error {
+	if _, err := fmt.Fprintf(w, "workload %s: %d GPUs, demand tuned to %.0f%% of capacity\n", workload, gpus, 100*tune); err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\tseeds\talloc@100%\talloc@end\tunallocated GPUs@100%\tfailed pods\tpods\t")
+	for _, s := range sums {
+		fmt.Fprintf(tw, "%s\t%d\t%.2f%%\t%.2f%%\t%.1f\t%.1f\t%.0f\t\n", s.Policy, s.Seeds, s.At100, s.Final, s.Unallocated, s.Failed, s.Pods)
+	}
+	return tw.Flush()
+}
