@@ -43,6 +43,15 @@ type Workload struct {
 	group []int
 	// cpuOnly is the total weight of CPU-only shapes.
 	cpuOnly float64
+	// gpuShapes holds, flat, what total needs of each GPU shape.
+	gpuShapes []gpuShape
+}
+
+type gpuShape struct {
+	group         int
+	count         int
+	cpuMilli, mem int64
+	weight        float64
 }
 
 // ShapeCount is a request shape and how often it was seen.
@@ -130,6 +139,7 @@ func (w *Workload) index() {
 			w.groups = append(w.groups, part)
 		}
 		w.group[m] = id
+		w.gpuShapes = append(w.gpuShapes, gpuShape{group: id, count: sh.Containers[0].Count, cpuMilli: sh.CPUMilli, mem: sh.MemoryMiB, weight: w.weights[m]})
 	}
 }
 
@@ -198,17 +208,13 @@ func (w *Workload) prepare(n *Node, oversub float64, st *fragState) {
 // total is F_n(M) = Σ p_m F_n(m) given which GPUs fit each group.
 func (w *Workload) total(fits *[MaxShapes]uint64, fitFree *[MaxShapes]int64, free, cpuFree, memFree int64) float64 {
 	frag := w.cpuOnly * float64(free)
-	for m := range w.shapes {
-		k := w.group[m]
-		if k < 0 {
-			continue
-		}
-		sh := &w.shapes[m]
+	for i := range w.gpuShapes {
+		sh := &w.gpuShapes[i]
 		f := free
-		if cpuFree >= sh.CPUMilli && memFree >= sh.MemoryMiB && bits.OnesCount64(fits[k]) >= sh.Containers[0].Count {
-			f -= fitFree[k]
+		if cpuFree >= sh.cpuMilli && memFree >= sh.mem && bits.OnesCount64(fits[sh.group]) >= sh.count {
+			f -= fitFree[sh.group]
 		}
-		frag += w.weights[m] * float64(f)
+		frag += sh.weight * float64(f)
 	}
 	return frag
 }

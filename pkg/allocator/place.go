@@ -97,6 +97,9 @@ func (a *Allocator) place(n *Node, r *Request, p *Placement, st *fragState) Reas
 		st = &local
 	}
 	var taken uint64 // GPUs already given to this pod: its containers never share one
+	// scored: the last slice chosen was scored on the final state, so its
+	// score is the placement's (it includes the chosen GPU's own preference).
+	scored := false
 	for ci := range r.Containers {
 		c := &r.Containers[ci]
 		if c.Count == 0 {
@@ -115,6 +118,7 @@ func (a *Allocator) place(n *Node, r *Request, p *Placement, st *fragState) Reas
 				after[i] = usage{mem: g.MemoryMiB, cores: gpu.CoresPerGPU, tenants: 1, mode: modeExclusive}
 				taken |= 1 << uint(i)
 			}
+			scored = false
 			continue
 		}
 		for range c.Count {
@@ -145,9 +149,12 @@ func (a *Allocator) place(n *Node, r *Request, p *Placement, st *fragState) Reas
 			*u = usage{mem: u.mem + bestMem, cores: u.cores + int32(bestCores), tenants: u.tenants + 1, mode: bestMode}
 			taken |= 1 << uint(best)
 			p.Grants = append(p.Grants, Grant{Container: ci, GPU: best, MemoryMiB: bestMem, Cores: int(bestCores), mode: bestMode})
+			p.Score, scored = bestScore, true
 		}
 	}
-	p.Score = a.score(n, st, &after, taken, -1, cpuFree, memFree)
+	if !scored {
+		p.Score = a.score(n, st, &after, taken, -1, cpuFree, memFree)
+	}
 	return Reason{}
 }
 
