@@ -25,8 +25,10 @@ func TestDefaultsAreTheProductionNumbers(t *testing.T) {
 			WorkloadCoverage:        0.95,
 		},
 		TimeSlice: TimeSliceConfig{ComputeBound: Duration{100 * time.Millisecond}, IOBound: Duration{50 * time.Millisecond}},
-		Fragments: FragmentConfig{SampleInterval: Duration{500 * time.Millisecond}, DecreaseAbove: 0.85, IncreaseBelow: 0.40},
-		Stall:     StallConfig{Window: Duration{5 * time.Minute}, Threshold: 0.15},
+		Fragments: FragmentConfig{SampleInterval: Duration{500 * time.Millisecond}, DecreaseAbove: 0.85, IncreaseBelow: 0.40,
+			Window: Duration{5 * time.Minute}, Horizon: Duration{5 * time.Minute}, EvaluateEvery: Duration{10 * time.Second},
+			Consecutive: 12, Cooldown: Duration{2 * time.Minute}, MinSlices: 1, MaxSlices: 8, ARIMA: ARIMAOrder{P: 5, D: 1}},
+		Stall: StallConfig{Window: Duration{5 * time.Minute}, Threshold: 0.15},
 	}
 	if diff := cmp.Diff(want, c); diff != "" {
 		t.Errorf("Default() (-want +got):\n%s", diff)
@@ -71,6 +73,12 @@ func TestLoad(t *testing.T) {
 			wantErr: []string{"allocator.policy: invalid value firstfit: want one of binpack, spread, fgd, tessera"}, wantField: "allocator.policy"},
 		{name: "thresholds that would flap", yaml: "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\nfragments:\n  decreaseAbove: 0.5\n  increaseBelow: 0.6\n",
 			wantErr: []string{"fragments.increaseBelow", "flap"}, wantField: "fragments.increaseBelow"},
+		{name: "max below min", yaml: "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\nfragments:\n  minSlices: 4\n  maxSlices: 2\n",
+			wantErr: []string{"fragments.maxSlices: invalid value 2: must be at least fragments.minSlices (4)"}, wantField: "fragments.maxSlices"},
+		{name: "arima order", yaml: "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\nfragments:\n  arima: {p: 9, d: 1, q: 0}\n",
+			wantErr: []string{"fragments.arima: invalid value (9,1,0)"}, wantField: "fragments.arima"},
+		{name: "window too short", yaml: "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\nfragments:\n  window: 10s\n",
+			wantErr: []string{"fragments.window: invalid value 10s: holds 20 samples"}, wantField: "fragments.window"},
 		{name: "negative duration", yaml: "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\ntimeSlice:\n  ioBound: -5ms\n",
 			wantErr: []string{"timeSlice.ioBound: invalid value -5ms"}, wantField: "timeSlice.ioBound"},
 		{name: "misspelt field", yaml: "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\nallocator:\n  polcy: fgd\n",

@@ -26,6 +26,13 @@ const (
 	DefaultSampleInterval        = 500 * time.Millisecond
 	DefaultDecreaseAbove         = 0.85
 	DefaultIncreaseBelow         = 0.40
+	DefaultWindow                = 5 * time.Minute
+	DefaultHorizon               = 5 * time.Minute
+	DefaultEvaluateEvery         = 10 * time.Second
+	DefaultConsecutive           = 12 // two minutes of evaluations every 10 s
+	DefaultCooldown              = 2 * time.Minute
+	DefaultMinSlices             = 1
+	DefaultMaxSlices             = 8
 	DefaultStallWindow           = 5 * time.Minute
 	DefaultStallThreshold        = 0.15
 )
@@ -72,6 +79,24 @@ func SetDefaults(c *Configuration) {
 	}
 	if c.Fragments.IncreaseBelow == 0 {
 		c.Fragments.IncreaseBelow = DefaultIncreaseBelow
+	}
+	f := &c.Fragments
+	setDuration(&f.Window, DefaultWindow)
+	setDuration(&f.Horizon, DefaultHorizon)
+	setDuration(&f.EvaluateEvery, DefaultEvaluateEvery)
+	setDuration(&f.Cooldown, DefaultCooldown)
+	if f.Consecutive == 0 {
+		f.Consecutive = DefaultConsecutive
+	}
+	if f.MinSlices == 0 {
+		f.MinSlices = DefaultMinSlices
+	}
+	if f.MaxSlices == 0 {
+		f.MaxSlices = DefaultMaxSlices
+	}
+	if f.ARIMA == (ARIMAOrder{}) {
+		// Source material §4.1: ARIMA(5,1,0).
+		f.ARIMA = ARIMAOrder{P: 5, D: 1, Q: 0}
 	}
 	setDuration(&c.Stall.Window, DefaultStallWindow)
 	if c.Stall.Threshold == 0 {

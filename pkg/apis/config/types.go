@@ -87,6 +87,29 @@ type FragmentConfig struct {
 	DecreaseAbove float64 `json:"decreaseAbove"`
 	// IncreaseBelow: more slices when forecast utilization falls below it (0–1).
 	IncreaseBelow float64 `json:"increaseBelow"`
+	// Window is how much history the forecast is fitted on (source: 5 minutes).
+	Window Duration `json:"window"`
+	// Horizon is how far ahead the forecast looks (source: 5 minutes).
+	Horizon Duration `json:"horizon"`
+	// EvaluateEvery is how often a GPU's forecast is refitted and a decision made.
+	EvaluateEvery Duration `json:"evaluateEvery"`
+	// Consecutive is how many evaluations in a row must cross a threshold
+	// before the slice count moves (hysteresis).
+	Consecutive int `json:"consecutive"`
+	// Cooldown is the least time between two changes of one GPU's slices.
+	Cooldown Duration `json:"cooldown"`
+	// MinSlices and MaxSlices bound the slices per GPU.
+	MinSlices int `json:"minSlices"`
+	MaxSlices int `json:"maxSlices"`
+	// ARIMA is the forecast model's order (source: ARIMA(5,1,0)).
+	ARIMA ARIMAOrder `json:"arima"`
+}
+
+// ARIMAOrder is an ARIMA(p,d,q) order.
+type ARIMAOrder struct {
+	P int `json:"p"`
+	D int `json:"d"`
+	Q int `json:"q"`
 }
 
 // StallConfig is the alert threshold on the stall ratio.

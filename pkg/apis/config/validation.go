@@ -73,6 +73,29 @@ func Validate(c *Configuration) error {
 	if fraction(f.DecreaseAbove) && fraction(f.IncreaseBelow) && f.IncreaseBelow >= f.DecreaseAbove {
 		bad("fragments.increaseBelow", f.IncreaseBelow, fmt.Sprintf("must be below fragments.decreaseAbove (%v), or slices would flap", f.DecreaseAbove))
 	}
+	positive("fragments.window", f.Window)
+	positive("fragments.horizon", f.Horizon)
+	positive("fragments.evaluateEvery", f.EvaluateEvery)
+	if f.Cooldown.Duration < 0 {
+		bad("fragments.cooldown", f.Cooldown.Duration, "must not be negative")
+	}
+	if f.SampleInterval.Duration > 0 && f.Window.Duration > 0 {
+		if n := f.Window.Duration / f.SampleInterval.Duration; n < 50 || n > 100000 {
+			bad("fragments.window", f.Window.Duration, fmt.Sprintf("holds %d samples at fragments.sampleInterval %v; want 50–100000", n, f.SampleInterval.Duration))
+		}
+	}
+	if f.Consecutive < 1 {
+		bad("fragments.consecutive", f.Consecutive, "must be at least 1")
+	}
+	if f.MinSlices < 1 {
+		bad("fragments.minSlices", f.MinSlices, "must be at least 1")
+	}
+	if f.MaxSlices < f.MinSlices {
+		bad("fragments.maxSlices", f.MaxSlices, fmt.Sprintf("must be at least fragments.minSlices (%d)", f.MinSlices))
+	}
+	if o := f.ARIMA; o.P < 0 || o.P > 8 || o.D < 0 || o.D > 2 || o.Q < 0 || o.Q > 2 {
+		bad("fragments.arima", fmt.Sprintf("(%d,%d,%d)", o.P, o.D, o.Q), "want p ≤ 8, d ≤ 2, q ≤ 2")
+	}
 	if !fraction(c.Stall.Threshold) {
 		bad("stall.threshold", c.Stall.Threshold, "must be in (0, 1]")
 	}
