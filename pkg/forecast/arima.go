@@ -124,16 +124,25 @@ func Fit(y []float64, o Order) (*Model, error) {
 	for i := range w {
 		centred[i] = w[i] - m.Mean
 	}
-	k := filter(centred, phi, theta, true)
-	if k.degenerate {
-		return nil, ErrConstant
+	if err := m.condition(y, centred); err != nil {
+		return nil, err
 	}
+	return m, nil
+}
+
+// condition runs the filter over the centred differenced series w of y with
+// m's coefficients and fills in σ², the likelihood and the forecast origin.
+func (m *Model) condition(y, w []float64) error {
+	k := filter(w, m.AR, m.MA, true)
 	n := float64(len(w))
+	if k.degenerate || k.ss <= 0 {
+		return ErrConstant
+	}
 	m.Sigma2 = k.ss / n
 	m.LogLik = -0.5 * (n*(math.Log(2*math.Pi*m.Sigma2)+1) + k.sumLogF)
 	m.a, m.p = k.a, k.p
-	m.tail = append([]float64(nil), y[len(y)-o.D:]...)
-	return m, nil
+	m.tail = append([]float64(nil), y[len(y)-m.Order.D:]...)
+	return nil
 }
 
 // difference applies (1 − B)ᵈ.
@@ -328,19 +337,10 @@ func NewModel(y []float64, o Order, ar, ma []float64, mean float64) (*Model, err
 	for i := range w {
 		w[i] -= mean
 	}
-	k := filter(w, ar, ma, true)
-	if k.degenerate {
-		return nil, ErrConstant
-	}
-	n := float64(len(w))
 	m := &Model{Order: o, AR: append([]float64(nil), ar...), MA: append([]float64(nil), ma...), Mean: mean, N: len(y)}
-	m.Sigma2 = k.ss / n
-	if m.Sigma2 <= 0 {
-		return nil, ErrConstant
+	if err := m.condition(y, w); err != nil {
+		return nil, err
 	}
-	m.LogLik = -0.5 * (n*(math.Log(2*math.Pi*m.Sigma2)+1) + k.sumLogF)
-	m.a, m.p = k.a, k.p
-	m.tail = append([]float64(nil), y[len(y)-o.D:]...)
 	return m, nil
 }
 

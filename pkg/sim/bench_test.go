@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -8,20 +9,25 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 )
 
-func openbTrace(b *testing.B, workload string) *Trace {
-	b.Helper()
+// openbTrace loads an openb workload from ../shared, skipping when the traces
+// are not beside the repository (CI has them).
+func openbTrace(tb testing.TB, workload string) *Trace {
+	tb.Helper()
 	dir := filepath.Join("..", "..", "..", "shared", "traces", "openb")
 	nodes, err := ReadNodes(filepath.Join(dir, "openb_node_list_gpu_node.csv"))
+	if os.IsNotExist(err) {
+		tb.Skipf("needs the openb traces in %s (../shared beside the repository, as in CI)", dir)
+	}
 	if err != nil {
-		b.Skipf("needs the openb traces beside the repository: %v", err)
+		tb.Fatal(err)
 	}
 	pods, err := ReadPods(filepath.Join(dir, "openb_pod_list_"+workload+".csv"))
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	tr, err := NewTrace(workload, nodes, pods, config.DefaultWorkloadCoverage)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	return tr
 }

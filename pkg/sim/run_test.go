@@ -3,8 +3,6 @@ package sim
 import (
 	"bytes"
 	"math"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -134,27 +132,12 @@ var published = map[string]struct{ fgd, bestFit float64 }{
 // checks that fgd lands within ±0.5 points of the published FGD, binpack near
 // the published BestFit, and tessera no worse than fgd.
 func TestOpenbReproducesPublishedFGD(t *testing.T) {
-	dir := filepath.Join("..", "..", "..", "shared", "traces", "openb")
-	nodes, err := ReadNodes(filepath.Join(dir, "openb_node_list_gpu_node.csv"))
-	if os.IsNotExist(err) {
-		t.Skipf("needs the openb traces in %s (../shared beside the repository, as in CI)", dir)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
 	if testing.Short() {
 		t.Skip("replays four traces × 3 policies × 10 seeds; skipped in -short")
 	}
 	for _, wl := range []string{"default", "gpushare40", "multigpu50", "gpuspec10"} {
 		t.Run(wl, func(t *testing.T) {
-			pods, err := ReadPods(filepath.Join(dir, "openb_pod_list_"+wl+".csv"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			tr, err := NewTrace(wl, nodes, pods, config.DefaultWorkloadCoverage)
-			if err != nil {
-				t.Fatal(err)
-			}
+			tr := openbTrace(t, wl)
 			mean := map[config.Policy]float64{}
 			for _, pol := range []config.Policy{config.PolicyFGD, config.PolicyBinpack, config.PolicyTessera} {
 				for seed := uint64(42); seed <= 51; seed++ {
@@ -181,25 +164,10 @@ func TestOpenbReproducesPublishedFGD(t *testing.T) {
 }
 
 func TestCacheOnOpenbDefault(t *testing.T) {
-	dir := filepath.Join("..", "..", "..", "shared", "traces", "openb")
-	nodes, err := ReadNodes(filepath.Join(dir, "openb_node_list_gpu_node.csv"))
-	if os.IsNotExist(err) {
-		t.Skipf("needs the openb traces in %s (../shared beside the repository, as in CI)", dir)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
 	if testing.Short() {
 		t.Skip("a plain replay of the default trace takes several seconds; skipped in -short")
 	}
-	pods, err := ReadPods(filepath.Join(dir, "openb_pod_list_default.csv"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr, err := NewTrace("default", nodes, pods, config.DefaultWorkloadCoverage)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr := openbTrace(t, "default")
 	cfg := config.Default().Allocator
 	cached, _ := tr.Run(cfg, RunOptions{Policy: config.PolicyTessera, Seed: 42, Tune: 1.3, KeepPlacements: true})
 	plain, _ := tr.Run(cfg, RunOptions{Policy: config.PolicyTessera, Seed: 42, Tune: 1.3, KeepPlacements: true, Plain: true})
