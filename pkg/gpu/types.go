@@ -22,6 +22,10 @@ const (
 // else. It holds an encoded PodAssignment (see EncodeAssignment).
 const AnnotationAssignment = "tessera.dev/assignment"
 
+// AnnotationInventory is the node annotation in which the agent publishes the
+// node's NodeInventory (see EncodeInventory) for the scheduler to read.
+const AnnotationInventory = "tessera.dev/inventory"
+
 // CoresPerGPU is the compute capacity of one GPU in Tessera's internal unit:
 // per-mille of its SMs. Users speak percent (1–100); the trace simulator speaks
 // milli-GPU (1–1000); per-mille serves both without rounding.

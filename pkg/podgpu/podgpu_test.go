@@ -1,0 +1,123 @@
+package podgpu
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+)
+
+func pod(annotations map[string]string, containers ...v1.Container) *v1.Pod {
+	return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", Annotations: annotations}, Spec: v1.PodSpec{Containers: containers}}
+}
+
+func ctr(name string, limits map[string]string) v1.Container {
+	c := v1.Container{Name: name, Resources: v1.ResourceRequirements{Limits: v1.ResourceList{}}}
+	for k, v := range limits {
+		c.Resources.Limits[v1.ResourceName(k)] = resource.MustParse(v)
+	}
+	return c
+}
+
+func TestRequest(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		pod     *v1.Pod
+		want    *gpu.Request
+		wantErr string
+	}{
+		{
+			name: "whole GPUs and a sidecar",
+			pod:  pod(nil, ctr("main", map[string]string{gpu.ResourceGPU: "2"}), ctr("side", nil)),
+			want: &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "main", GPUs: 2}, {Name: "side"}}, Sharing: gpu.ModeAuto},
+		},
+		{
+			name: "MPS slice for inference",
+			pod: pod(map[string]string{gpu.AnnotationSharing: "mps", gpu.AnnotationWorkload: "inference", gpu.AnnotationGPUModel: "H100,A100"},
+				ctr("m", map[string]string{gpu.ResourceGPU: "1", gpu.ResourceMemory: "10240", gpu.ResourceCores: "30"})),
+			want: &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "m", GPUs: 1, MemoryMiB: 10240, CoresPercent: 30}},
+				Sharing: gpu.ModeMPS, Workload: gpu.WorkloadInference, AllowedModels: []string{"H100", "A100"}},
+		},
+		{name: "cores over 100", pod: pod(nil, ctr("m", map[string]string{gpu.ResourceGPU: "1", gpu.ResourceCores: "150"})), wantErr: "must be 1–100"},
+		{name: "fractional memory", pod: pod(nil, ctr("m", map[string]string{gpu.ResourceGPU: "1", gpu.ResourceMemory: "1500m"})), wantErr: "whole number"},
+		{name: "memory without GPU count", pod: pod(nil, ctr("m", map[string]string{gpu.ResourceMemory: "4096"})), wantErr: "is 0"},
+		{name: "unknown mode", pod: pod(map[string]string{gpu.AnnotationSharing: "mig"}, ctr("m", map[string]string{gpu.ResourceGPU: "1"})), wantErr: "want one of exclusive"},
+		{name: "mps without a size", pod: pod(map[string]string{gpu.AnnotationSharing: "mps"}, ctr("m", map[string]string{gpu.ResourceGPU: "1"})), wantErr: "needs"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Request(tc.pod)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, gpu.ErrInvalid) {
+					t.Fatalf("err = %v, want ErrInvalid mentioning %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := cmp.Diff(tc.want, got); d != "" {
+				t.Errorf("request (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+func TestRequestLimitsAndRequestsMustAgree(t *testing.T) {
+	c := ctr("m", map[string]string{gpu.ResourceGPU: "1"})
+	c.Resources.Requests = v1.ResourceList{gpu.ResourceGPU: resource.MustParse("2")}
+	if _, err := Request(pod(nil, c)); err == nil || !strings.Contains(err.Error(), "differs from its limit") {
+		t.Fatalf("err = %v", err)
+	}
+	c.Resources.Limits = nil
+	r, err := Request(pod(nil, c))
+	if err != nil || r.Containers[0].GPUs != 2 {
+		t.Fatalf("requests only: %+v, %v", r, err)
+	}
+}
+
+func TestInitContainerGPUsRefused(t *testing.T) {
+	p := pod(nil, ctr("m", nil))
+	p.Spec.InitContainers = []v1.Container{ctr("init", map[string]string{gpu.ResourceGPU: "1"})}
+	if !WantsGPU(p) {
+		t.Fatal("WantsGPU = false for an init container with a GPU")
+	}
+	if _, err := Request(p); err == nil || !strings.Contains(err.Error(), "init container init") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestBoundAssignment(t *testing.T) {
+	a := &gpu.PodAssignment{Node: "n1", Containers: []gpu.ContainerAssignment{{Name: "m", Mode: gpu.ModeExclusive,
+		GPUs: []gpu.GPUGrant{{UUID: "GPU-1", Index: 0, MemoryMiB: 81920, CoresPerMille: 1000}}}}}
+	enc, err := gpu.EncodeAssignment(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := pod(map[string]string{gpu.AnnotationAssignment: enc}, ctr("m", map[string]string{gpu.ResourceGPU: "1"}))
+	if got, err := BoundAssignment(p); got != nil || err != nil {
+		t.Errorf("unbound pod: %v, %v; want nothing booked", got, err)
+	}
+	p.Spec.NodeName = "n1"
+	if got, err := BoundAssignment(p); err != nil || !cmp.Equal(got, a) {
+		t.Errorf("bound pod: %v, %v", got, err)
+	}
+	p.Status.Phase = v1.PodSucceeded
+	if got, _ := BoundAssignment(p); got != nil {
+		t.Errorf("finished pod still booked: %v", got)
+	}
+	p.Status.Phase = v1.PodRunning
+	p.Spec.NodeName = "n2"
+	if _, err := BoundAssignment(p); err == nil {
+		t.Error("assignment for n1 on a pod bound to n2 accepted")
+	}
+	p.Annotations[gpu.AnnotationAssignment] = "{garbage"
+	if _, err := Assignment(p); err == nil {
+		t.Error("garbage annotation accepted")
+	}
+}

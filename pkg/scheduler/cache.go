@@ -1,0 +1,334 @@
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+)
+
+// unlimited stands for a node's CPU and memory inside the allocator: the
+// scheduler's own NodeResourcesFit plugin accounts them against every pod of
+// the node, so the GPU cache must not second-guess it with a partial count.
+const unlimited = math.MaxInt64 / 4
+
+// Cache is the scheduler's view of every GPU's usage: per node, the inventory
+// its agent published and the assignments of the pods bound or being bound
+// there. Scheduling cycles read it (Filter, Score), Reserve books into it and
+// Unreserve releases, and the informers add bound pods and drop deleted ones,
+// so a restarted scheduler rebuilds exactly what the API server records.
+//
+// Locking: mu guards the maps; each node has its own lock, so Filter runs in
+// parallel across nodes and a booking on one node never waits for another.
+// Lock order is mu, then a node's lock.
+type Cache struct {
+	oversub float64
+
+	mu    sync.RWMutex
+	nodes map[string]*nodeState
+	pods  map[types.UID]*podRecord
+	// maxGPUMemMiB is the largest GPU of any node, so PreFilter can refuse a
+	// slice no GPU of the cluster could ever hold.
+	maxGPUMemMiB int64
+
+	// onNodeChange is called, without locks, with a node whose usage or
+	// inventory changed (metrics).
+	onNodeChange func(name string, n *allocator.Node)
+	onNodeGone   func(name string, gpus []allocator.GPU)
+}
+
+type nodeState struct {
+	mu   sync.Mutex
+	node *allocator.Node
+	// raw is the inventory annotation the node was built from, so an update
+	// that does not change it costs nothing.
+	raw string
+}
+
+// podRecord is one pod's booking. A booking whose node has no inventory (the
+// agent is gone, or the node was deleted) is kept, so the pod's GPUs are
+// booked again as soon as the inventory returns, and is reported as orphaned.
+type podRecord struct {
+	name       string // namespace/name, for reports
+	assignment *gpu.PodAssignment
+	// assumed is true between Reserve and the informer seeing the pod bound.
+	assumed bool
+	// booked says the assignment is counted in its node's usage.
+	booked bool
+}
+
+// NewCache returns an empty cache whose GPUs may hold up to oversub times
+// their memory in slices.
+func NewCache(oversub float64) *Cache {
+	return &Cache{oversub: oversub, nodes: map[string]*nodeState{}, pods: map[types.UID]*podRecord{}}
+}
+
+// SetNode installs or replaces a node's inventory. A new inventory (more
+// GPUs, a GPU turned unhealthy) rebuilds the node's usage from the pods booked
+// on it. Bookings that no longer fit (a GPU vanished) stay recorded but
+// unbooked, and are returned so the caller can report them.
+func (c *Cache) SetNode(raw string, inv *gpu.NodeInventory) ([]string, error) {
+	n, err := allocator.NewNode(inv)
+	if err != nil {
+		return nil, err
+	}
+	n.CPUMilli, n.MemoryMiB = unlimited, unlimited
+	var unbooked []string
+	c.mu.Lock()
+	if old, ok := c.nodes[inv.Node]; ok && old.raw == raw {
+		c.mu.Unlock()
+		return nil, nil
+	}
+	for _, rec := range c.pods {
+		if rec.assignment.Node != inv.Node {
+			continue
+		}
+		rec.booked = n.AddAssignment(rec.assignment, 0, 0, c.oversub) == nil
+		if !rec.booked {
+			unbooked = append(unbooked, rec.name)
+		}
+	}
+	c.nodes[inv.Node] = &nodeState{node: n, raw: raw}
+	c.maxGPUMemMiB = 0
+	for _, s := range c.nodes {
+		for i := range s.node.GPUs {
+			c.maxGPUMemMiB = max(c.maxGPUMemMiB, s.node.GPUs[i].MemoryMiB)
+		}
+	}
+	snap := n.Clone()
+	c.mu.Unlock()
+	if c.onNodeChange != nil {
+		c.onNodeChange(inv.Node, snap)
+	}
+	sort.Strings(unbooked)
+	return unbooked, nil
+}
+
+// RemoveNode forgets a node's inventory; its pods' bookings are kept for its
+// return.
+func (c *Cache) RemoveNode(name string) {
+	c.mu.Lock()
+	s, ok := c.nodes[name]
+	if ok {
+		delete(c.nodes, name)
+		for _, rec := range c.pods {
+			if rec.assignment.Node == name {
+				rec.booked = false
+			}
+		}
+	}
+	c.mu.Unlock()
+	if ok && c.onNodeGone != nil {
+		c.onNodeGone(name, s.node.GPUs)
+	}
+}
+
+// HasNode reports whether the node has a usable inventory.
+func (c *Cache) HasNode(name string) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	_, ok := c.nodes[name]
+	return ok
+}
+
+// MaxGPUMemoryMiB is the memory of the largest GPU the cluster has, 0 while
+// no inventory is known.
+func (c *Cache) MaxGPUMemoryMiB() int64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.maxGPUMemMiB
+}
+
+// errNoInventory says a node has no GPU inventory in the cache.
+var errNoInventory = errors.New("no GPU inventory")
+
+// Place runs the allocator on a node's current usage without booking.
+func (c *Cache) Place(a *allocator.Allocator, name string, r *allocator.Request, p *allocator.Placement) (allocator.Reason, error) {
+	c.mu.RLock()
+	s, ok := c.nodes[name]
+	c.mu.RUnlock()
+	if !ok {
+		return allocator.Reason{}, errNoInventory
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return a.Place(s.node, r, p), nil
+}
+
+// Reserve places and books a pod on a node in one step under the node's lock,
+// so two cycles (or a cycle and a binding goroutine) can never book the same
+// slice. It returns the assignment, or the reason the pod no longer fits.
+func (c *Cache) Reserve(a *allocator.Allocator, uid types.UID, podName, node string, r *allocator.Request) (*gpu.PodAssignment, allocator.Reason, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s, ok := c.nodes[node]
+	if !ok {
+		return nil, allocator.Reason{}, errNoInventory
+	}
+	if old, ok := c.pods[uid]; ok {
+		// A retried Reserve for a pod already booked (its old booking was
+		// never released): drop the old one first.
+		c.unbookLocked(old)
+		delete(c.pods, uid)
+	}
+	s.mu.Lock()
+	var p allocator.Placement
+	reason := a.Place(s.node, r, &p)
+	if !reason.OK() {
+		s.mu.Unlock()
+		return nil, reason, nil
+	}
+	s.node.Apply(r, &p)
+	asg := s.node.Assignment(r, &p)
+	snap := s.node.Clone()
+	s.mu.Unlock()
+	c.pods[uid] = &podRecord{name: podName, assignment: asg, assumed: true, booked: true}
+	c.notify(node, snap)
+	return asg, reason, nil
+}
+
+// Forget releases a pod's booking (Unreserve, pod deletion, pod finished).
+// It is idempotent.
+func (c *Cache) Forget(uid types.UID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rec, ok := c.pods[uid]
+	if !ok {
+		return
+	}
+	delete(c.pods, uid)
+	c.unbookLocked(rec)
+}
+
+// ForgetAssumed is Unreserve: it releases the booking only while it is still
+// assumed, so a late Unreserve never undoes a pod the informer saw bound.
+func (c *Cache) ForgetAssumed(uid types.UID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rec, ok := c.pods[uid]
+	if !ok || !rec.assumed {
+		return
+	}
+	delete(c.pods, uid)
+	c.unbookLocked(rec)
+}
+
+// AddBound records a bound pod's assignment as read from the API server: it
+// confirms an assumed booking, replaces a different one, or books a pod the
+// cache has not seen (scheduler restart). An assignment that does not fit
+// its node's inventory is recorded unbooked and reported as an error.
+func (c *Cache) AddBound(uid types.UID, podName string, a *gpu.PodAssignment) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old, ok := c.pods[uid]; ok {
+		if sameAssignment(old.assignment, a) {
+			old.assumed = false
+			return nil
+		}
+		c.unbookLocked(old)
+		delete(c.pods, uid)
+	}
+	rec := &podRecord{name: podName, assignment: a}
+	c.pods[uid] = rec
+	s, ok := c.nodes[a.Node]
+	if !ok {
+		return nil // orphaned until the node's inventory appears
+	}
+	s.mu.Lock()
+	err := s.node.AddAssignment(a, 0, 0, c.oversub)
+	snap := s.node.Clone()
+	s.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("pod %s: %w", podName, err)
+	}
+	rec.booked = true
+	c.notify(a.Node, snap)
+	return nil
+}
+
+func (c *Cache) unbookLocked(rec *podRecord) {
+	if !rec.booked {
+		return
+	}
+	rec.booked = false
+	s, ok := c.nodes[rec.assignment.Node]
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	s.node.RemoveAssignment(rec.assignment, 0, 0)
+	snap := s.node.Clone()
+	s.mu.Unlock()
+	c.notify(rec.assignment.Node, snap)
+}
+
+// notify reports a node change. It runs under c.mu (callers hold it), which
+// keeps metric updates in the order of the changes; the callback must not
+// call back into the cache.
+func (c *Cache) notify(name string, snap *allocator.Node) {
+	if c.onNodeChange != nil {
+		c.onNodeChange(name, snap)
+	}
+}
+
+// Orphans lists the pods whose booking is not counted on any node: their
+// node's inventory vanished or no longer holds their GPUs.
+func (c *Cache) Orphans() []string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	var out []string
+	for _, rec := range c.pods {
+		if !rec.booked {
+			out = append(out, rec.name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Snapshot returns a copy of a node's usage, or nil.
+func (c *Cache) Snapshot(name string) *allocator.Node {
+	c.mu.RLock()
+	s, ok := c.nodes[name]
+	c.mu.RUnlock()
+	if !ok {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.node.Clone()
+}
+
+// Assignment returns the assignment booked for a pod.
+func (c *Cache) Assignment(uid types.UID) *gpu.PodAssignment {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if rec, ok := c.pods[uid]; ok {
+		return rec.assignment
+	}
+	return nil
+}
+
+func sameAssignment(a, b *gpu.PodAssignment) bool {
+	if a.Node != b.Node || len(a.Containers) != len(b.Containers) {
+		return false
+	}
+	for i := range a.Containers {
+		x, y := a.Containers[i], b.Containers[i]
+		if x.Name != y.Name || x.Mode != y.Mode || len(x.GPUs) != len(y.GPUs) {
+			return false
+		}
+		for j := range x.GPUs {
+			if x.GPUs[j] != y.GPUs[j] {
+				return false
+			}
+		}
+	}
+	return true
+}

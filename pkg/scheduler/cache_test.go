@@ -1,0 +1,247 @@
+package scheduler
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	fwk "k8s.io/kube-scheduler/framework"
+
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+)
+
+func testInventory(node string, gpus int, memMiB int64, mps bool) *gpu.NodeInventory {
+	inv := &gpu.NodeInventory{Node: node, CPUMilli: 64000, MemoryMiB: 512 << 10}
+	for i := range gpus {
+		inv.GPUs = append(inv.GPUs, gpu.Device{Index: i, UUID: fmt.Sprintf("GPU-%s-%d", node, i), Model: "H100", MemoryMiB: memMiB, Healthy: true, MPSCapable: mps})
+	}
+	return inv
+}
+
+func compile(t testing.TB, r *gpu.Request) *allocator.Request {
+	t.Helper()
+	cfg := config.Default().Allocator
+	req, err := allocator.Compile(r, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return req
+}
+
+func newAllocator(t testing.TB) *allocator.Allocator {
+	t.Helper()
+	cfg := config.Default().Allocator
+	a, err := allocator.New(&cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// TestConcurrentReserveNeverOverbooks: many cycles and binding goroutines
+// booking one node at once must never exceed a GPU's limits, and every
+// booking that succeeded must be counted exactly once.
+func TestConcurrentReserveNeverOverbooks(t *testing.T) {
+	c := NewCache(1.5)
+	if _, err := c.SetNode("a", testInventory("n1", 8, 81920, true)); err != nil {
+		t.Fatal(err)
+	}
+	a := newAllocator(t)
+	req := compile(t, &gpu.Request{Sharing: gpu.ModeMPS, Containers: []gpu.ContainerRequest{{Name: "m", GPUs: 1, MemoryMiB: 8192, CoresPercent: 10}}})
+	const pods = 200 // capacity is 8 GPUs × 10 slices of 10 %
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	booked := map[types.UID]*gpu.PodAssignment{}
+	for i := range pods {
+		wg.Go(func() {
+			uid := types.UID(fmt.Sprint("pod-", i))
+			asg, reason, err := c.Reserve(a, uid, string(uid), "n1", req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if reason.OK() {
+				mu.Lock()
+				booked[uid] = asg
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(booked) != 80 {
+		t.Errorf("%d pods booked, want 80 (8 GPUs × 10 slices of 10 %%)", len(booked))
+	}
+	// An independent recount: every booked assignment re-added to a fresh node
+	// must fit, which AddAssignment checks against the GPU limits.
+	fresh, err := allocator.NewNode(testInventory("n1", 8, 81920, true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for uid, asg := range booked {
+		if err := fresh.AddAssignment(asg, 0, 0, 1.5); err != nil {
+			t.Fatalf("pod %s: %v", uid, err)
+		}
+	}
+	snap := c.Snapshot("n1")
+	for i := range snap.GPUs {
+		if snap.GPUs[i].CoresUsed() != fresh.GPUs[i].CoresUsed() || snap.GPUs[i].MemoryUsedMiB() != fresh.GPUs[i].MemoryUsedMiB() {
+			t.Errorf("GPU %d: cache has %d‰/%d MiB, recount %d‰/%d MiB", i,
+				snap.GPUs[i].CoresUsed(), snap.GPUs[i].MemoryUsedMiB(), fresh.GPUs[i].CoresUsed(), fresh.GPUs[i].MemoryUsedMiB())
+		}
+	}
+	// Releasing concurrently returns every slice.
+	for uid := range booked {
+		wg.Go(func() { c.ForgetAssumed(uid) })
+	}
+	wg.Wait()
+	snap = c.Snapshot("n1")
+	for i := range snap.GPUs {
+		if snap.GPUs[i].CoresUsed() != 0 || snap.GPUs[i].Tenants() != 0 {
+			t.Errorf("GPU %d still holds %d‰ after every pod left", i, snap.GPUs[i].CoresUsed())
+		}
+	}
+}
+
+// TestRebuildFromBoundPods: a restarted scheduler may see pods before their
+// node's inventory; the bookings wait for it, vanish with it and return.
+func TestRebuildFromBoundPods(t *testing.T) {
+	c := NewCache(1.5)
+	whole := &gpu.PodAssignment{Node: "n1", Containers: []gpu.ContainerAssignment{{Name: "m", Mode: gpu.ModeExclusive,
+		GPUs: []gpu.GPUGrant{{UUID: "GPU-n1-3", Index: 3, MemoryMiB: 81920, CoresPerMille: 1000}}}}}
+	if err := c.AddBound("u1", "ns/p1", whole); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Orphans(); len(got) != 1 || got[0] != "ns/p1" {
+		t.Fatalf("orphans before the inventory = %v", got)
+	}
+	if _, err := c.SetNode("v1", testInventory("n1", 8, 81920, false)); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Orphans(); len(got) != 0 {
+		t.Fatalf("orphans after the inventory = %v", got)
+	}
+	if g := c.Snapshot("n1").GPUs[3]; g.CoresUsed() != 1000 {
+		t.Fatalf("GPU 3 holds %d‰, want the whole GPU", g.CoresUsed())
+	}
+	// The same assignment seen again (resync) changes nothing.
+	if err := c.AddBound("u1", "ns/p1", whole); err != nil {
+		t.Fatal(err)
+	}
+	if g := c.Snapshot("n1").GPUs[3]; g.Tenants() != 1 {
+		t.Fatalf("GPU 3 has %d tenants after a resync, want 1", g.Tenants())
+	}
+	// A second exclusive owner of the same GPU is refused, not booked.
+	if err := c.AddBound("u2", "ns/p2", whole); err == nil || !strings.Contains(err.Error(), "already runs") {
+		t.Fatalf("double exclusive booking: %v", err)
+	}
+	c.Forget("u2")
+	c.RemoveNode("n1")
+	if got := c.Orphans(); len(got) != 1 {
+		t.Fatalf("orphans after the node left = %v", got)
+	}
+	if _, err := c.SetNode("v1", testInventory("n1", 8, 81920, false)); err != nil {
+		t.Fatal(err)
+	}
+	if g := c.Snapshot("n1").GPUs[3]; g.CoresUsed() != 1000 {
+		t.Fatalf("GPU 3 holds %d‰ after the node returned", g.CoresUsed())
+	}
+	// An inventory without that GPU leaves the pod recorded but unbooked.
+	unbooked, err := c.SetNode("v2", testInventory("n1", 2, 81920, false))
+	if err != nil || len(unbooked) != 1 {
+		t.Fatalf("shrunk inventory: unbooked %v, %v", unbooked, err)
+	}
+}
+
+// TestUnreserveAfterBindKeepsTheBooking: a late Unreserve must not release a
+// pod the informer has already seen bound.
+func TestUnreserveAfterBindKeepsTheBooking(t *testing.T) {
+	c := NewCache(1.5)
+	if _, err := c.SetNode("v1", testInventory("n1", 1, 81920, false)); err != nil {
+		t.Fatal(err)
+	}
+	req := compile(t, &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "m", GPUs: 1}}})
+	asg, reason, err := c.Reserve(newAllocator(t), "u1", "ns/p", "n1", req)
+	if err != nil || !reason.OK() {
+		t.Fatal(reason, err)
+	}
+	if err := c.AddBound("u1", "ns/p", asg); err != nil {
+		t.Fatal(err)
+	}
+	c.ForgetAssumed("u1")
+	if c.Snapshot("n1").GPUs[0].CoresUsed() != 1000 {
+		t.Fatal("Unreserve after the bind released the GPU")
+	}
+	c.Forget("u1")
+	if c.Snapshot("n1").GPUs[0].CoresUsed() != 0 {
+		t.Fatal("deleting the pod did not release the GPU")
+	}
+}
+
+func TestNormalizeScoreKeepsTheBestUnique(t *testing.T) {
+	p := &Plugin{}
+	scores := fwk.NodeScoreList{{Name: "a", Score: 57_000_000}, {Name: "b", Score: 57_001_000}, {Name: "c", Score: 0}, {Name: "d", Score: 57_001_000}}
+	if st := p.NormalizeScore(nil, nil, nil, scores); st != nil {
+		t.Fatal(st)
+	}
+	want := []int64{98, 100, 0, 100}
+	for i, s := range scores {
+		if s.Score != want[i] {
+			t.Errorf("%s: %d, want %d", s.Name, s.Score, want[i])
+		}
+	}
+	same := fwk.NodeScoreList{{Name: "a", Score: 5}, {Name: "b", Score: 5}}
+	p.NormalizeScore(nil, nil, nil, same)
+	if same[0].Score != 100 || same[1].Score != 100 {
+		t.Errorf("equal scores: %v", same)
+	}
+}
+
+func TestDecodeArgs(t *testing.T) {
+	got, err := DecodeArgs(&runtime.Unknown{Raw: []byte("policy: binpack\nmemoryOversubscription: 1.2\n"), ContentType: runtime.ContentTypeYAML})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Policy != config.PolicyBinpack || got.MemoryOversubscription != 1.2 || got.MinSliceMiB.Training != 8192 {
+		t.Errorf("decoded %+v", got)
+	}
+	if got, err := DecodeArgs(nil); err != nil || got.Policy != config.DefaultPolicy {
+		t.Errorf("no args: %+v, %v", got, err)
+	}
+	_, err = DecodeArgs(&runtime.Unknown{Raw: []byte(`{"policy":"x","memoryOversubscription":3}`)})
+	for _, want := range []string{"pluginConfig[TesseraGPU].args.policy", "pluginConfig[TesseraGPU].args.memoryOversubscription"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("err = %v, want it to name %s", err, want)
+		}
+	}
+}
+
+func TestWorkloadTrackerFollowsTheMix(t *testing.T) {
+	base := newAllocator(t)
+	tr := newWorkloadTracker(base, 0.95)
+	if tr.Current() != base {
+		t.Fatal("a fresh tracker should score with the base allocator")
+	}
+	small := compile(t, &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "m", GPUs: 1, MemoryMiB: 8192, CoresPercent: 10}}})
+	tr.Observe(small)
+	first := tr.Current()
+	if first == base {
+		t.Fatal("the first observation should build a workload")
+	}
+	for range refreshEvery {
+		tr.Observe(small)
+	}
+	if tr.Current() == first {
+		t.Fatal("refreshEvery observations should rebuild the workload")
+	}
+	for range workloadWindow * 2 {
+		tr.Observe(small)
+	}
+	if len(tr.ring) != workloadWindow || tr.counts[small.Key()].Count != workloadWindow {
+		t.Fatalf("window holds %d requests, count %v", len(tr.ring), tr.counts[small.Key()].Count)
+	}
+}

@@ -1,0 +1,117 @@
+package scheduler
+
+import (
+	"strconv"
+	"sync"
+	"time"
+
+	"k8s.io/component-base/metrics"
+	"k8s.io/component-base/metrics/legacyregistry"
+
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+)
+
+const metricsSubsystem = "tessera_scheduler"
+
+// gpuLabels identify one GPU in the per-GPU series.
+var gpuLabels = []string{"node", "gpu", "index", "model"}
+
+var (
+	gpuAllocatedMemory = metrics.NewGaugeVec(&metrics.GaugeOpts{
+		Subsystem:      metricsSubsystem,
+		Name:           "gpu_allocated_memory_bytes",
+		Help:           "GPU memory booked by the pods assigned to a GPU (may exceed its memory up to the oversubscription ratio).",
+		StabilityLevel: metrics.ALPHA,
+	}, gpuLabels)
+	gpuAllocatedCores = metrics.NewGaugeVec(&metrics.GaugeOpts{
+		Subsystem:      metricsSubsystem,
+		Name:           "gpu_allocated_cores_ratio",
+		Help:           "Share of a GPU's SMs booked by the pods assigned to it (0–1; never above 1).",
+		StabilityLevel: metrics.ALPHA,
+	}, gpuLabels)
+	gpuAllocatedSlices = metrics.NewGaugeVec(&metrics.GaugeOpts{
+		Subsystem:      metricsSubsystem,
+		Name:           "gpu_allocated_slices",
+		Help:           "Number of container slices assigned to a GPU.",
+		StabilityLevel: metrics.ALPHA,
+	}, gpuLabels)
+	gpuMemoryTotal = metrics.NewGaugeVec(&metrics.GaugeOpts{
+		Subsystem:      metricsSubsystem,
+		Name:           "gpu_memory_bytes",
+		Help:           "GPU memory as the node's inventory reports it.",
+		StabilityLevel: metrics.ALPHA,
+	}, gpuLabels)
+	unschedulable = metrics.NewCounterVec(&metrics.CounterOpts{
+		Subsystem:      metricsSubsystem,
+		Name:           "unschedulable_total",
+		Help:           "Rejections by the TesseraGPU plugin: of a pod by PreFilter (InvalidRequest) and of a node for a pod by Filter, by reason.",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"reason"})
+	pluginDuration = metrics.NewHistogramVec(&metrics.HistogramOpts{
+		Subsystem:      metricsSubsystem,
+		Name:           "plugin_duration_seconds",
+		Help:           "Latency of the TesseraGPU plugin's extension points.",
+		Buckets:        metrics.ExponentialBuckets(1e-6, 4, 12), // 1 µs … 4 s
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"extension_point"})
+	orphanedPods = metrics.NewGauge(&metrics.GaugeOpts{
+		Subsystem:      metricsSubsystem,
+		Name:           "orphaned_pods",
+		Help:           "Bound GPU pods whose assignment is not counted on any node: their node's inventory is missing or no longer holds their GPUs.",
+		StabilityLevel: metrics.ALPHA,
+	})
+	inventoryErrors = metrics.NewCounterVec(&metrics.CounterOpts{
+		Subsystem:      metricsSubsystem,
+		Name:           "inventory_errors_total",
+		Help:           "Node inventories (tessera.dev/inventory) the scheduler could not use, by node.",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"node"})
+	assignmentErrors = metrics.NewCounter(&metrics.CounterOpts{
+		Subsystem:      metricsSubsystem,
+		Name:           "assignment_errors_total",
+		Help:           "Bound pods whose assignment annotation could not be decoded or booked.",
+		StabilityLevel: metrics.ALPHA,
+	})
+)
+
+var registerOnce sync.Once
+
+// registerMetrics adds the plugin's metrics to the scheduler's registry, the
+// one its /metrics endpoint serves. Several plugin instances (profiles, or a
+// restart inside one process) share them.
+func registerMetrics() {
+	registerOnce.Do(func() {
+		legacyregistry.MustRegister(gpuAllocatedMemory, gpuAllocatedCores, gpuAllocatedSlices, gpuMemoryTotal,
+			unschedulable, pluginDuration, orphanedPods, inventoryErrors, assignmentErrors)
+	})
+}
+
+// recordNode sets the per-GPU series of a node from its usage.
+func recordNode(name string, n *allocator.Node) {
+	for i := range n.GPUs {
+		g := &n.GPUs[i]
+		lv := []string{name, g.UUID, strconv.Itoa(g.Index), g.Model}
+		gpuAllocatedMemory.WithLabelValues(lv...).Set(float64(g.MemoryUsedMiB()) * (1 << 20))
+		gpuAllocatedCores.WithLabelValues(lv...).Set(float64(g.CoresUsed()) / gpu.CoresPerGPU)
+		gpuAllocatedSlices.WithLabelValues(lv...).Set(float64(g.Tenants()))
+		gpuMemoryTotal.WithLabelValues(lv...).Set(float64(g.MemoryMiB) * (1 << 20))
+	}
+}
+
+// forgetNode drops the per-GPU series of a node that is gone.
+func forgetNode(name string, gpus []allocator.GPU) {
+	for i := range gpus {
+		g := &gpus[i]
+		lv := []string{name, g.UUID, strconv.Itoa(g.Index), g.Model}
+		gpuAllocatedMemory.DeleteLabelValues(lv...)
+		gpuAllocatedCores.DeleteLabelValues(lv...)
+		gpuAllocatedSlices.DeleteLabelValues(lv...)
+		gpuMemoryTotal.DeleteLabelValues(lv...)
+	}
+}
+
+// observe records an extension point's latency since start.
+func observe(point string, start time.Time) {
+	pluginDuration.WithLabelValues(point).Observe(time.Since(start).Seconds())
+}

@@ -1,0 +1,520 @@
+// Package scheduler is the TesseraGPU kube-scheduler framework plugin: an
+// adapter that runs every placement decision through pkg/allocator, over an
+// in-memory cache of every GPU's assignments that the API server's pods and
+// nodes rebuild after a restart.
+//
+// Extension points:
+//   - PreFilter parses the pod's request once and refuses a malformed one as
+//     UnschedulableAndUnresolvable, with a reason the pod's owner can act on;
+//   - Filter asks the allocator whether the pod fits a node, Score and
+//     NormalizeScore rank nodes by the configured policy;
+//   - Reserve books the GPUs under the node's lock, Unreserve releases them;
+//   - PreBind writes the assignment (pkg/gpu's versioned codec) on the pod,
+//     where the node agent reads it;
+//   - EventsToRegister retries a waiting pod when a GPU pod goes away or a
+//     node's inventory changes, instead of after the unschedulable timeout.
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/inventory"
+	"github.com/tessera-gpu/tessera/pkg/podgpu"
+)
+
+// Name is the plugin's name in a KubeSchedulerConfiguration.
+const Name = "TesseraGPU"
+
+const stateKey fwk.StateKey = Name
+
+// Plugin is the TesseraGPU plugin of one scheduling profile.
+type Plugin struct {
+	handle fwk.Handle
+	cfg    *config.AllocatorConfig
+	*shared
+}
+
+var (
+	_ fwk.PreFilterPlugin   = (*Plugin)(nil)
+	_ fwk.FilterPlugin      = (*Plugin)(nil)
+	_ fwk.PreScorePlugin    = (*Plugin)(nil)
+	_ fwk.ScorePlugin       = (*Plugin)(nil)
+	_ fwk.ScoreExtensions   = (*Plugin)(nil)
+	_ fwk.ReservePlugin     = (*Plugin)(nil)
+	_ fwk.PreBindPlugin     = (*Plugin)(nil)
+	_ fwk.EnqueueExtensions = (*Plugin)(nil)
+)
+
+// shared is the state all profiles of one scheduler share: one cache of GPU
+// usage (two profiles booking from separate caches would double-book), the
+// informer handlers that feed it, and the recent-workload tracker.
+type shared struct {
+	cache    *Cache
+	workload *workloadTracker
+	regs     []toolscache.ResourceEventHandlerRegistration
+	synced   atomic.Bool
+	// warned remembers pods and nodes already reported, so a report is made
+	// once and not on every resync.
+	warned sync.Map
+}
+
+var (
+	sharedMu sync.Mutex
+	// sharedByFactory maps a scheduler's informer factory to its shared state:
+	// profiles of one scheduler share the factory, a restarted scheduler in the
+	// same process (tests) gets a new one.
+	sharedByFactory = map[informers.SharedInformerFactory]*shared{}
+)
+
+// New is the plugin factory for app.WithPlugin.
+func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
+	cfg, err := DecodeArgs(obj)
+	if err != nil {
+		return nil, err
+	}
+	base, err := allocator.New(cfg, nil)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", argsField, err)
+	}
+	registerMetrics()
+	p := &Plugin{handle: h, cfg: cfg}
+
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	factory := h.SharedInformerFactory()
+	if s, ok := sharedByFactory[factory]; ok {
+		if s.cache.oversub != cfg.MemoryOversubscription {
+			return nil, fmt.Errorf("%s.memoryOversubscription: %v differs from another profile's %v; profiles share one view of the GPUs and must agree",
+				argsField, cfg.MemoryOversubscription, s.cache.oversub)
+		}
+		p.shared = s
+		return p, nil
+	}
+	s := &shared{cache: NewCache(cfg.MemoryOversubscription), workload: newWorkloadTracker(base, cfg.WorkloadCoverage)}
+	s.cache.onNodeChange = recordNode
+	s.cache.onNodeGone = forgetNode
+	p.shared = s
+	logger := klog.FromContext(ctx).WithName(Name)
+	nodes, err := factory.Core().V1().Nodes().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { p.onNode(logger, obj) },
+		UpdateFunc: func(_, obj any) { p.onNode(logger, obj) },
+		DeleteFunc: func(obj any) { p.onNodeDelete(logger, obj) },
+	})
+	if err != nil {
+		return nil, err
+	}
+	pods, err := factory.Core().V1().Pods().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { p.onPod(logger, obj, true) },
+		UpdateFunc: func(_, obj any) { p.onPod(logger, obj, false) },
+		DeleteFunc: func(obj any) { p.onPodDelete(obj) },
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.regs = []toolscache.ResourceEventHandlerRegistration{nodes, pods}
+	sharedByFactory[factory] = s
+	go func() {
+		<-ctx.Done()
+		sharedMu.Lock()
+		delete(sharedByFactory, factory)
+		sharedMu.Unlock()
+	}()
+	return p, nil
+}
+
+// Name implements fwk.Plugin.
+func (p *Plugin) Name() string { return Name }
+
+// stateData is what PreFilter learns about a pod for the rest of its cycle.
+type stateData struct {
+	req   *allocator.Request
+	alloc *allocator.Allocator
+	// assignment is what Reserve booked, for PreBind to write.
+	assignment *gpu.PodAssignment
+}
+
+// Clone shares the data: nothing in it changes after PreFilter except the
+// assignment, which only Reserve and PreBind of the same cycle touch.
+func (s *stateData) Clone() fwk.StateData { return s }
+
+func readState(state fwk.CycleState) *stateData {
+	d, err := state.Read(stateKey)
+	if err != nil {
+		return nil
+	}
+	s, _ := d.(*stateData)
+	return s
+}
+
+// waitForSync blocks a scheduling cycle until the cache holds every node and
+// pod the API server had when the scheduler started: a restarted scheduler
+// must count every existing assignment before it books anything.
+func (s *shared) waitForSync(ctx context.Context) error {
+	if s.synced.Load() {
+		return nil
+	}
+	fns := make([]toolscache.InformerSynced, len(s.regs))
+	for i, r := range s.regs {
+		fns[i] = r.HasSynced
+	}
+	if !toolscache.WaitForCacheSync(ctx.Done(), fns...) {
+		return fmt.Errorf("%s: GPU assignment cache did not sync: %w", Name, ctx.Err())
+	}
+	s.synced.Store(true)
+	return nil
+}
+
+// PreFilter parses and validates the pod's GPU request.
+func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	defer observe("PreFilter", time.Now())
+	if !podgpu.WantsGPU(pod) {
+		return nil, fwk.NewStatus(fwk.Skip)
+	}
+	if err := p.waitForSync(ctx); err != nil {
+		return nil, fwk.AsStatus(err)
+	}
+	req, err := p.compile(pod)
+	if err != nil {
+		unschedulable.WithLabelValues("InvalidRequest").Inc()
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
+	}
+	state.Write(stateKey, &stateData{req: req, alloc: p.workload.Current()})
+	return nil, nil
+}
+
+// compile reads a pod's request and checks it against the cluster: a slice
+// larger than every GPU known would wait forever.
+func (p *Plugin) compile(pod *v1.Pod) (*allocator.Request, error) {
+	greq, err := podgpu.Request(pod)
+	if err != nil {
+		return nil, fmt.Errorf("invalid GPU request: %w", err)
+	}
+	req, err := allocator.Compile(greq, p.cfg)
+	if err != nil {
+		return nil, fmt.Errorf("invalid GPU request: %w", err)
+	}
+	if largest := p.cache.MaxGPUMemoryMiB(); largest > 0 {
+		for _, c := range greq.Containers {
+			if c.MemoryMiB > largest {
+				return nil, fmt.Errorf("invalid GPU request: container %s asks for %s=%d MiB per GPU, but the largest GPU in the cluster has %d MiB",
+					c.Name, gpu.ResourceMemory, c.MemoryMiB, largest)
+			}
+		}
+	}
+	return req, nil
+}
+
+// PreFilterExtensions returns nil: the plugin does not take part in the
+// default preemption's what-if evaluation (GPU preemption is its own issue).
+func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
+
+// Filter says whether the pod's GPUs fit the node.
+func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
+	defer observe("Filter", time.Now())
+	s := readState(state)
+	if s == nil {
+		return nil
+	}
+	var pl allocator.Placement
+	reason, err := p.cache.Place(s.alloc, nodeInfo.Node().Name, s.req, &pl)
+	if err != nil {
+		unschedulable.WithLabelValues("NoInventory").Inc()
+		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable,
+			fmt.Sprintf("node has no Tessera GPU inventory (annotation %s); is tessera-agent running there?", gpu.AnnotationInventory))
+	}
+	if !reason.OK() {
+		unschedulable.WithLabelValues(reason.Code.String()).Inc()
+		return fwk.NewStatus(fwk.Unschedulable, reason.String())
+	}
+	return nil
+}
+
+// PreScore skips scoring for pods without GPUs.
+func (p *Plugin) PreScore(_ context.Context, state fwk.CycleState, _ *v1.Pod, _ []fwk.NodeInfo) *fwk.Status {
+	if readState(state) == nil {
+		return fwk.NewStatus(fwk.Skip)
+	}
+	return nil
+}
+
+// scoreScale keeps the allocator's fractional scores distinct as integers.
+const scoreScale = 1e6
+
+// Score is the allocator's score of the node under the configured policy.
+func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
+	defer observe("Score", time.Now())
+	s := readState(state)
+	if s == nil {
+		return 0, nil
+	}
+	var pl allocator.Placement
+	reason, err := p.cache.Place(s.alloc, nodeInfo.Node().Name, s.req, &pl)
+	if err != nil || !reason.OK() {
+		return math.MinInt64 / 2, nil // changed since Filter; rank it last
+	}
+	return int64(math.Round(pl.Score * scoreScale)), nil
+}
+
+// ScoreExtensions returns the plugin, which normalizes its own scores.
+func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return p }
+
+// NormalizeScore maps scores onto 0–100 so that the allocator's best nodes,
+// and only they, get 100: linear scaling alone could round a runner-up into a
+// tie with the best, and the framework breaks ties at random.
+func (p *Plugin) NormalizeScore(_ context.Context, _ fwk.CycleState, _ *v1.Pod, scores fwk.NodeScoreList) *fwk.Status {
+	if len(scores) == 0 {
+		return nil
+	}
+	lo, hi := scores[0].Score, scores[0].Score
+	for _, s := range scores {
+		lo, hi = min(lo, s.Score), max(hi, s.Score)
+	}
+	for i := range scores {
+		switch {
+		case scores[i].Score == hi:
+			scores[i].Score = fwk.MaxNodeScore
+		default:
+			scores[i].Score = int64(float64(scores[i].Score-lo) / float64(hi-lo) * float64(fwk.MaxNodeScore-1))
+		}
+	}
+	return nil
+}
+
+// Reserve books the pod's GPUs on the chosen node. It places again under the
+// node's lock: the usage may have changed since Filter.
+func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) *fwk.Status {
+	defer observe("Reserve", time.Now())
+	s := readState(state)
+	if s == nil {
+		return nil
+	}
+	asg, reason, err := p.cache.Reserve(s.alloc, pod.UID, podKey(pod), nodeName, s.req)
+	if err != nil {
+		return fwk.NewStatus(fwk.Unschedulable, fmt.Sprintf("node %s lost its GPU inventory", nodeName))
+	}
+	if !reason.OK() {
+		return fwk.NewStatus(fwk.Unschedulable, reason.String())
+	}
+	s.assignment = asg
+	klog.FromContext(ctx).V(4).Info("Reserved GPUs", "pod", klog.KObj(pod), "node", nodeName, "assignment", asg)
+	return nil
+}
+
+// Unreserve releases a booking whose pod did not bind.
+func (p *Plugin) Unreserve(_ context.Context, state fwk.CycleState, pod *v1.Pod, _ string) {
+	defer observe("Unreserve", time.Now())
+	if s := readState(state); s != nil {
+		p.cache.ForgetAssumed(pod.UID)
+		s.assignment = nil
+	}
+}
+
+// PreBindPreFlight says PreBind has work only for GPU pods.
+func (p *Plugin) PreBindPreFlight(_ context.Context, state fwk.CycleState, _ *v1.Pod, _ string) (*fwk.PreBindPreFlightResult, *fwk.Status) {
+	if readState(state) == nil {
+		return nil, fwk.NewStatus(fwk.Skip)
+	}
+	return nil, nil
+}
+
+// PreBind writes the assignment onto the pod before it is bound, so the agent
+// finds it when kubelet asks for the pod's devices.
+func (p *Plugin) PreBind(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ string) *fwk.Status {
+	defer observe("PreBind", time.Now())
+	s := readState(state)
+	if s == nil || s.assignment == nil {
+		return nil
+	}
+	enc, err := gpu.EncodeAssignment(s.assignment)
+	if err != nil {
+		return fwk.AsStatus(err)
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{gpu.AnnotationAssignment: enc}}})
+	if err != nil {
+		return fwk.AsStatus(err)
+	}
+	if _, err := p.handle.ClientSet().CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fwk.AsStatus(fmt.Errorf("write GPU assignment on pod %s: %w", podKey(pod), err))
+	}
+	return nil
+}
+
+// EventsToRegister names the events that can make a pod this plugin rejected
+// fit: a GPU pod leaving (its slices free up) and a node's inventory changing
+// (a GPU added or healthy again, a node joining).
+func (p *Plugin) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, error) {
+	return []fwk.ClusterEventWithHint{
+		{Event: fwk.ClusterEvent{Resource: fwk.AssignedPod, ActionType: fwk.Delete}, QueueingHintFn: hintGPUPodGone},
+		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add | fwk.UpdateNodeAnnotation}, QueueingHintFn: hintInventoryChanged},
+	}, nil
+}
+
+func hintGPUPodGone(_ klog.Logger, _ *v1.Pod, oldObj, _ any) (fwk.QueueingHint, error) {
+	pod, ok := oldObj.(*v1.Pod)
+	if !ok {
+		return fwk.Queue, nil
+	}
+	if _, has := pod.Annotations[gpu.AnnotationAssignment]; has {
+		return fwk.Queue, nil
+	}
+	return fwk.QueueSkip, nil
+}
+
+func hintInventoryChanged(_ klog.Logger, _ *v1.Pod, oldObj, newObj any) (fwk.QueueingHint, error) {
+	n, ok := newObj.(*v1.Node)
+	if !ok {
+		return fwk.Queue, nil
+	}
+	now, has := n.Annotations[gpu.AnnotationInventory]
+	if !has {
+		return fwk.QueueSkip, nil
+	}
+	if old, ok := oldObj.(*v1.Node); ok && old.Annotations[gpu.AnnotationInventory] == now {
+		return fwk.QueueSkip, nil
+	}
+	return fwk.Queue, nil
+}
+
+func podKey(pod *v1.Pod) string { return pod.Namespace + "/" + pod.Name }
+
+// onPod keeps the cache in step with a pod: a bound pod's assignment is
+// booked (or confirmed), a finished one released. New GPU pods also feed the
+// workload the fgd and tessera policies score against.
+func (p *Plugin) onPod(logger klog.Logger, obj any, added bool) {
+	pod, ok := obj.(*v1.Pod)
+	if !ok || !podgpu.WantsGPU(pod) {
+		return
+	}
+	if podgpu.Finished(pod) {
+		p.cache.Forget(pod.UID)
+		return
+	}
+	if added {
+		if req, err := p.compile(pod); err == nil {
+			p.workload.Observe(req)
+		}
+	}
+	if pod.Spec.NodeName == "" {
+		return
+	}
+	a, err := podgpu.BoundAssignment(pod)
+	switch {
+	case err != nil:
+		assignmentErrors.Inc()
+		p.warnOnce(logger, pod, "InvalidGPUAssignment", err.Error())
+		return
+	case a == nil:
+		p.warnOnce(logger, pod, "NoGPUAssignment",
+			fmt.Sprintf("pod is bound to %s without a %s annotation: it was not placed by the %s plugin, so its GPUs are not accounted", pod.Spec.NodeName, gpu.AnnotationAssignment, Name))
+		return
+	}
+	if err := p.cache.AddBound(pod.UID, podKey(pod), a); err != nil {
+		assignmentErrors.Inc()
+		p.warnOnce(logger, pod, "InvalidGPUAssignment", err.Error())
+	}
+	if !p.cache.HasNode(a.Node) {
+		p.reportOrphans(logger)
+	}
+}
+
+func (p *Plugin) onPodDelete(obj any) {
+	if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	if pod, ok := obj.(*v1.Pod); ok {
+		p.cache.Forget(pod.UID)
+		prefix := string(pod.UID) + "/"
+		p.warned.Range(func(k, _ any) bool {
+			if s := k.(string); len(s) > len(prefix) && s[:len(prefix)] == prefix {
+				p.warned.Delete(k)
+			}
+			return true
+		})
+	}
+}
+
+// onNode installs, replaces or drops a node's inventory.
+func (p *Plugin) onNode(logger klog.Logger, obj any) {
+	node, ok := obj.(*v1.Node)
+	if !ok {
+		return
+	}
+	if _, has := node.Annotations[gpu.AnnotationInventory]; !has {
+		if p.cache.HasNode(node.Name) {
+			p.cache.RemoveNode(node.Name)
+			p.reportOrphans(logger)
+		}
+		return
+	}
+	inv, err := inventory.FromNode(node)
+	if err == nil {
+		var unbooked []string
+		unbooked, err = p.cache.SetNode(node.Annotations[gpu.AnnotationInventory], inv)
+		if err == nil {
+			if len(unbooked) > 0 {
+				logger.Error(nil, "Pods' GPU assignments no longer fit their node's inventory", "node", node.Name, "pods", unbooked)
+			}
+			p.reportOrphans(logger)
+			return
+		}
+	}
+	inventoryErrors.WithLabelValues(node.Name).Inc()
+	p.warnOnce(logger, node, "InvalidGPUInventory", err.Error())
+	p.cache.RemoveNode(node.Name)
+	p.reportOrphans(logger)
+}
+
+func (p *Plugin) onNodeDelete(logger klog.Logger, obj any) {
+	if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	if node, ok := obj.(*v1.Node); ok {
+		p.cache.RemoveNode(node.Name)
+		p.reportOrphans(logger)
+	}
+}
+
+// reportOrphans publishes the number of bound pods whose GPUs are counted on
+// no node, and logs them: they are invisible to placement until their node's
+// inventory returns, which an operator must know.
+func (p *Plugin) reportOrphans(logger klog.Logger) {
+	o := p.cache.Orphans()
+	orphanedPods.Set(float64(len(o)))
+	if len(o) > 0 {
+		logger.Info("Bound GPU pods are on nodes without a usable GPU inventory", "count", len(o), "pods", o)
+	}
+}
+
+// warnOnce logs and records a Warning event on obj once per object and reason.
+func (p *Plugin) warnOnce(logger klog.Logger, obj runtime.Object, reason, msg string) {
+	m, ok := obj.(metav1.Object)
+	if !ok {
+		return
+	}
+	key := string(m.GetUID()) + "/" + reason + "/" + msg
+	if _, seen := p.warned.LoadOrStore(key, true); seen {
+		return
+	}
+	logger.Error(nil, msg, "object", klog.KObj(m), "reason", reason)
+	if r := p.handle.EventRecorder(); r != nil {
+		r.Eventf(obj, nil, v1.EventTypeWarning, reason, "Scheduling", "%s", msg)
+	}
+}
