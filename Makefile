@@ -3,7 +3,7 @@
 GO ?= go
 OPENB ?= ../shared/traces/openb
 
-.PHONY: demo test test-short bench bench-sim fuzz build vet fmt-check openb clean
+.PHONY: demo test test-short bench bench-sim bench-scheduler fuzz build vet fmt-check openb clean
 
 ## demo: replay the built-in synthetic workload through every policy and print the summary.
 demo:
@@ -38,6 +38,10 @@ bench-sim: build
 		--nodes $(OPENB)/openb_node_list_gpu_node.csv --pods $(OPENB)/openb_pod_list_default.csv >/dev/null; done
 	@/usr/bin/time -f "fgd --plain: %e s" ./bin/tessera sim --policy fgd --seeds 42 --plain \
 		--nodes $(OPENB)/openb_node_list_gpu_node.csv --pods $(OPENB)/openb_pod_list_default.csv >/dev/null
+
+## bench-scheduler: tessera-scheduler throughput on 1,000 nodes × 8 GPUs against the default profile, same run.
+bench-scheduler:
+	$(GO) test ./test/integration/ -run '^$$' -bench BenchmarkSchedulingThroughput -benchtime 1x -timeout 30m
 
 ## openb: the published comparison, seeds 42-51, on the four openb workloads.
 openb: build

@@ -77,7 +77,7 @@ func names(set config.PluginSet) []string {
 
 // TestShippedConfig checks deploy/scheduler-config.yaml: the tessera profile
 // runs TesseraGPU at every extension point it implements, without the
-// spreading scorers, and the default profile is untouched.
+// spreading scorers, and it serves no other profile.
 func TestShippedConfig(t *testing.T) {
 	b, err := os.ReadFile("../../deploy/scheduler-config.yaml")
 	if err != nil {
@@ -97,7 +97,7 @@ func TestShippedConfig(t *testing.T) {
 	}
 	for point, set := range map[string]config.PluginSet{
 		"PreFilter": tp.PreFilter, "Filter": tp.Filter, "PreScore": tp.PreScore, "Score": tp.Score,
-		"Reserve": tp.Reserve, "PreBind": tp.PreBind,
+		"Reserve": tp.Reserve, "Bind": tp.Bind,
 	} {
 		if !slices.Contains(names(set), scheduler.Name) {
 			t.Errorf("tessera-scheduler %s = %v, want %s in it", point, names(set), scheduler.Name)
@@ -108,20 +108,18 @@ func TestShippedConfig(t *testing.T) {
 			t.Errorf("tessera-scheduler scores with %s; it should be off so the GPU policy decides", off)
 		}
 	}
+	// DefaultBinder would bind GPU pods without their assignment: TesseraGPU
+	// must come first and leave only the other pods to it.
+	if b := names(tp.Bind); len(b) == 0 || b[0] != scheduler.Name {
+		t.Errorf("tessera-scheduler Bind = %v, want %s first", b, scheduler.Name)
+	}
 	if !slices.Contains(names(tp.Filter), "NodeResourcesFit") {
 		t.Errorf("tessera-scheduler Filter %v lost NodeResourcesFit: CPU and memory would go unchecked", names(tp.Filter))
 	}
-	dp, ok := got["default-scheduler"]
-	if !ok {
-		t.Fatalf("profiles %v: no default-scheduler", keys(got))
-	}
-	for _, set := range []config.PluginSet{dp.Filter, dp.Score, dp.Reserve} {
-		if slices.Contains(names(set), scheduler.Name) {
-			t.Errorf("default-scheduler runs %s", scheduler.Name)
-		}
-	}
-	if !slices.Contains(names(dp.Score), "NodeResourcesBalancedAllocation") {
-		t.Errorf("default-scheduler Score = %v, want the upstream defaults", names(dp.Score))
+	// The cluster's kube-scheduler keeps default-scheduler: serving it too
+	// would have two schedulers racing for every other pod.
+	if len(got) != 1 {
+		t.Errorf("profiles %v, want tessera-scheduler alone", keys(got))
 	}
 }
 

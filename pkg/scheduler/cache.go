@@ -6,6 +6,7 @@ import (
 	"math"
 	"sort"
 	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -33,6 +34,11 @@ type Cache struct {
 	mu    sync.RWMutex
 	nodes map[string]*nodeState
 	pods  map[types.UID]*podRecord
+	// gone holds pods deleted from the API server, with when they were seen
+	// gone, so an older event about one delivered late (see Gone) cannot book
+	// it again. UIDs are never reused; entries are swept after goneTTL.
+	gone      map[types.UID]time.Time
+	lastSweep time.Time
 	// maxGPUMemMiB is the largest GPU of any node, so PreFilter can refuse a
 	// slice no GPU of the cluster could ever hold.
 	maxGPUMemMiB int64
@@ -66,8 +72,12 @@ type podRecord struct {
 // NewCache returns an empty cache whose GPUs may hold up to oversub times
 // their memory in slices.
 func NewCache(oversub float64) *Cache {
-	return &Cache{oversub: oversub, nodes: map[string]*nodeState{}, pods: map[types.UID]*podRecord{}}
+	return &Cache{oversub: oversub, nodes: map[string]*nodeState{}, pods: map[types.UID]*podRecord{}, gone: map[types.UID]time.Time{}}
 }
+
+// goneTTL is how long a deleted pod's UID is remembered: far longer than any
+// informer delivery lag.
+const goneTTL = 10 * time.Minute
 
 // SetNode installs or replaces a node's inventory. A new inventory (more
 // GPUs, a GPU turned unhealthy) rebuilds the node's usage from the pods booked
@@ -206,6 +216,30 @@ func (c *Cache) Forget(uid types.UID) {
 	c.unbookLocked(rec)
 }
 
+// Gone releases a pod deleted from the API server (or finished) and keeps it
+// from being booked again by an older event delivered late: the scheduling
+// queue's hints and the cache's informer handler see the same events on
+// different goroutines, so the one that comes second may carry news older
+// than what the cache already applied.
+func (c *Cache) Gone(uid types.UID) {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if rec, ok := c.pods[uid]; ok {
+		delete(c.pods, uid)
+		c.unbookLocked(rec)
+	}
+	c.gone[uid] = now
+	if now.Sub(c.lastSweep) > time.Minute {
+		c.lastSweep = now
+		for u, t := range c.gone {
+			if now.Sub(t) > goneTTL {
+				delete(c.gone, u)
+			}
+		}
+	}
+}
+
 // ForgetAssumed is Unreserve: it releases the booking only while it is still
 // assumed, so a late Unreserve never undoes a pod the informer saw bound.
 func (c *Cache) ForgetAssumed(uid types.UID) {
@@ -222,10 +256,14 @@ func (c *Cache) ForgetAssumed(uid types.UID) {
 // AddBound records a bound pod's assignment as read from the API server: it
 // confirms an assumed booking, replaces a different one, or books a pod the
 // cache has not seen (scheduler restart). An assignment that does not fit
-// its node's inventory is recorded unbooked and reported as an error.
+// its node's inventory is recorded unbooked and reported as an error. A pod
+// already Gone is ignored.
 func (c *Cache) AddBound(uid types.UID, podName string, a *gpu.PodAssignment) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if _, gone := c.gone[uid]; gone {
+		return nil
+	}
 	if old, ok := c.pods[uid]; ok {
 		if sameAssignment(old.assignment, a) {
 			old.assumed = false

@@ -245,3 +245,37 @@ func TestWorkloadTrackerFollowsTheMix(t *testing.T) {
 		t.Fatalf("window holds %d requests, count %v", len(tr.ring), tr.counts[small.Key()].Count)
 	}
 }
+
+// TestGonePodIsNotBookedAgain: once a pod is gone, an older event about it
+// delivered late (the informer handler lagging the queue's hint) must not
+// book its GPU again.
+func TestGonePodIsNotBookedAgain(t *testing.T) {
+	c := NewCache(1.5)
+	if _, err := c.SetNode("v1", testInventory("n1", 1, 81920, false)); err != nil {
+		t.Fatal(err)
+	}
+	whole := &gpu.PodAssignment{Node: "n1", Containers: []gpu.ContainerAssignment{{Name: "m", Mode: gpu.ModeExclusive,
+		GPUs: []gpu.GPUGrant{{UUID: "GPU-n1-0", Index: 0, MemoryMiB: 81920, CoresPerMille: 1000}}}}}
+	if err := c.AddBound("u1", "ns/p1", whole); err != nil {
+		t.Fatal(err)
+	}
+	c.Gone("u1")
+	if got := c.Snapshot("n1").GPUs[0].CoresUsed(); got != 0 {
+		t.Fatalf("GPU holds %d‰ after its pod was gone", got)
+	}
+	if err := c.AddBound("u1", "ns/p1", whole); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Snapshot("n1").GPUs[0].CoresUsed(); got != 0 {
+		t.Fatalf("a late event booked a gone pod again: %d‰", got)
+	}
+	// Another pod may take the GPU.
+	if err := c.AddBound("u2", "ns/p2", whole); err != nil {
+		t.Fatal(err)
+	}
+	c.Gone("u2")
+	c.Gone("u2") // the hint and the handler both report it
+	if got := c.Snapshot("n1").GPUs[0].CoresUsed(); got != 0 {
+		t.Fatalf("GPU holds %d‰", got)
+	}
+}

@@ -9,15 +9,14 @@
 //   - Filter asks the allocator whether the pod fits a node, Score and
 //     NormalizeScore rank nodes by the configured policy;
 //   - Reserve books the GPUs under the node's lock, Unreserve releases them;
-//   - PreBind writes the assignment (pkg/gpu's versioned codec) on the pod,
-//     where the node agent reads it;
+//   - Bind binds the pod with its assignment (pkg/gpu's versioned codec) as
+//     an annotation, in the same write, where the node agent reads it;
 //   - EventsToRegister retries a waiting pod when a GPU pod goes away or a
 //     node's inventory changes, instead of after the unschedulable timeout.
 package scheduler
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"sync"
@@ -27,7 +26,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
@@ -59,7 +57,7 @@ var (
 	_ fwk.ScorePlugin       = (*Plugin)(nil)
 	_ fwk.ScoreExtensions   = (*Plugin)(nil)
 	_ fwk.ReservePlugin     = (*Plugin)(nil)
-	_ fwk.PreBindPlugin     = (*Plugin)(nil)
+	_ fwk.BindPlugin        = (*Plugin)(nil)
 	_ fwk.EnqueueExtensions = (*Plugin)(nil)
 )
 
@@ -147,12 +145,16 @@ func (p *Plugin) Name() string { return Name }
 type stateData struct {
 	req   *allocator.Request
 	alloc *allocator.Allocator
-	// assignment is what Reserve booked, for PreBind to write.
+	// assignment is what Reserve booked, for Bind to write.
 	assignment *gpu.PodAssignment
+	// scores holds, per node name, the score of the placement Filter found
+	// (float64), so Score does not place the pod a second time. Filter runs
+	// on many nodes in parallel, hence the sync.Map.
+	scores sync.Map
 }
 
 // Clone shares the data: nothing in it changes after PreFilter except the
-// assignment, which only Reserve and PreBind of the same cycle touch.
+// assignment, which only Reserve and Bind of the same cycle touch.
 func (s *stateData) Clone() fwk.StateData { return s }
 
 func readState(state fwk.CycleState) *stateData {
@@ -244,6 +246,7 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod, node
 		unschedulable.WithLabelValues(reason.Code.String()).Inc()
 		return fwk.NewStatus(fwk.Unschedulable, reason.String())
 	}
+	s.scores.Store(nodeInfo.Node().Name, pl.Score)
 	return nil
 }
 
@@ -258,12 +261,18 @@ func (p *Plugin) PreScore(_ context.Context, state fwk.CycleState, _ *v1.Pod, _ 
 // scoreScale keeps the allocator's fractional scores distinct as integers.
 const scoreScale = 1e6
 
-// Score is the allocator's score of the node under the configured policy.
+// Score is the allocator's score of the node under the configured policy, as
+// Filter found it in this cycle. Usage may move between the two (bindings
+// complete, pods leave); the ranking may then be slightly stale, never the
+// booking: Reserve places again under the node's lock.
 func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
 	defer observe("Score", time.Now())
 	s := readState(state)
 	if s == nil {
 		return 0, nil
+	}
+	if v, ok := s.scores.Load(nodeInfo.Node().Name); ok {
+		return int64(math.Round(v.(float64) * scoreScale)), nil
 	}
 	var pl allocator.Placement
 	reason, err := p.cache.Place(s.alloc, nodeInfo.Node().Name, s.req, &pl)
@@ -327,58 +336,65 @@ func (p *Plugin) Unreserve(_ context.Context, state fwk.CycleState, pod *v1.Pod,
 	}
 }
 
-// PreBindPreFlight says PreBind has work only for GPU pods.
-func (p *Plugin) PreBindPreFlight(_ context.Context, state fwk.CycleState, _ *v1.Pod, _ string) (*fwk.PreBindPreFlightResult, *fwk.Status) {
-	if readState(state) == nil {
-		return nil, fwk.NewStatus(fwk.Skip)
-	}
-	return nil, nil
-}
-
-// PreBind writes the assignment onto the pod before it is bound, so the agent
-// finds it when kubelet asks for the pod's devices.
-func (p *Plugin) PreBind(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ string) *fwk.Status {
-	defer observe("PreBind", time.Now())
+// Bind binds a GPU pod with its assignment in one write: the binding's
+// annotations are merged onto the pod by the API server in the same update
+// that sets its node, so a pod is never bound without its assignment, nor
+// left with an assignment for a binding that failed — and it costs one
+// request instead of a patch plus a binding. Pods without GPUs are left to
+// DefaultBinder (Skip); the shipped config runs TesseraGPU first at bind.
+func (p *Plugin) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) *fwk.Status {
 	s := readState(state)
 	if s == nil || s.assignment == nil {
-		return nil
+		return fwk.NewStatus(fwk.Skip)
 	}
+	defer observe("Bind", time.Now())
 	enc, err := gpu.EncodeAssignment(s.assignment)
 	if err != nil {
 		return fwk.AsStatus(err)
 	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{gpu.AnnotationAssignment: enc}}})
-	if err != nil {
-		return fwk.AsStatus(err)
+	binding := &v1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID,
+			Annotations: map[string]string{gpu.AnnotationAssignment: enc}},
+		Target: v1.ObjectReference{Kind: "Node", Name: nodeName},
 	}
-	if _, err := p.handle.ClientSet().CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		return fwk.AsStatus(fmt.Errorf("write GPU assignment on pod %s: %w", podKey(pod), err))
+	if err := p.handle.ClientSet().CoreV1().Pods(pod.Namespace).Bind(ctx, binding, metav1.CreateOptions{}); err != nil {
+		return fwk.AsStatus(fmt.Errorf("bind pod %s to %s with its GPU assignment: %w", podKey(pod), nodeName, err))
 	}
 	return nil
 }
 
 // EventsToRegister names the events that can make a pod this plugin rejected
-// fit: a GPU pod leaving (its slices free up) and a node's inventory changing
-// (a GPU added or healthy again, a node joining).
+// fit: a GPU pod leaving (its slices free up; a pod that finishes counts, as
+// the scheduler's pod informer drops terminal pods) and a node's inventory
+// changing (a GPU added or healthy again, a node joining).
+//
+// The hints also apply the event to the cache before answering Queue. The
+// scheduler's queue and this plugin's informer handlers are separate
+// registrations on one informer, each delivered on its own goroutine: without
+// this, a waiting pod could be retried before the handler released the
+// deleted pod's slices, fail again, and sit out the five-minute flush with no
+// further event to wake it. Both paths are idempotent, so whichever comes
+// second changes nothing.
 func (p *Plugin) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, error) {
 	return []fwk.ClusterEventWithHint{
-		{Event: fwk.ClusterEvent{Resource: fwk.AssignedPod, ActionType: fwk.Delete}, QueueingHintFn: hintGPUPodGone},
-		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add | fwk.UpdateNodeAnnotation}, QueueingHintFn: hintInventoryChanged},
+		{Event: fwk.ClusterEvent{Resource: fwk.AssignedPod, ActionType: fwk.Delete}, QueueingHintFn: p.hintGPUPodGone},
+		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add | fwk.UpdateNodeAnnotation}, QueueingHintFn: p.hintInventoryChanged},
 	}, nil
 }
 
-func hintGPUPodGone(_ klog.Logger, _ *v1.Pod, oldObj, _ any) (fwk.QueueingHint, error) {
+func (p *Plugin) hintGPUPodGone(_ klog.Logger, _ *v1.Pod, oldObj, _ any) (fwk.QueueingHint, error) {
 	pod, ok := oldObj.(*v1.Pod)
 	if !ok {
 		return fwk.Queue, nil
 	}
-	if _, has := pod.Annotations[gpu.AnnotationAssignment]; has {
-		return fwk.Queue, nil
+	if _, has := pod.Annotations[gpu.AnnotationAssignment]; !has {
+		return fwk.QueueSkip, nil
 	}
-	return fwk.QueueSkip, nil
+	p.onPodDelete(pod)
+	return fwk.Queue, nil
 }
 
-func hintInventoryChanged(_ klog.Logger, _ *v1.Pod, oldObj, newObj any) (fwk.QueueingHint, error) {
+func (p *Plugin) hintInventoryChanged(logger klog.Logger, _ *v1.Pod, oldObj, newObj any) (fwk.QueueingHint, error) {
 	n, ok := newObj.(*v1.Node)
 	if !ok {
 		return fwk.Queue, nil
@@ -390,6 +406,7 @@ func hintInventoryChanged(_ klog.Logger, _ *v1.Pod, oldObj, newObj any) (fwk.Que
 	if old, ok := oldObj.(*v1.Node); ok && old.Annotations[gpu.AnnotationInventory] == now {
 		return fwk.QueueSkip, nil
 	}
+	p.onNode(logger, n)
 	return fwk.Queue, nil
 }
 
@@ -404,7 +421,7 @@ func (p *Plugin) onPod(logger klog.Logger, obj any, added bool) {
 		return
 	}
 	if podgpu.Finished(pod) {
-		p.cache.Forget(pod.UID)
+		p.cache.Gone(pod.UID)
 		return
 	}
 	if added {
@@ -440,7 +457,7 @@ func (p *Plugin) onPodDelete(obj any) {
 		obj = t.Obj
 	}
 	if pod, ok := obj.(*v1.Pod); ok {
-		p.cache.Forget(pod.UID)
+		p.cache.Gone(pod.UID)
 		prefix := string(pod.UID) + "/"
 		p.warned.Range(func(k, _ any) bool {
 			if s := k.(string); len(s) > len(prefix) && s[:len(prefix)] == prefix {

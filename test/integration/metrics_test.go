@@ -1,0 +1,73 @@
+package integration
+
+import (
+	"strconv"
+	"testing"
+
+	"k8s.io/component-base/metrics/legacyregistry"
+
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+)
+
+// gauge reads one series from the registry the scheduler's /metrics endpoint
+// serves (the scheduler runs in this process). labels nil matches the
+// unlabelled series. It returns -1 when the series is missing.
+func gauge(t *testing.T, name string, labels map[string]string) float64 {
+	t.Helper()
+	families, err := legacyregistry.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range f.GetMetric() {
+			have := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				have[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range labels {
+				if have[k] != v {
+					continue metric
+				}
+			}
+			switch {
+			case m.GetGauge() != nil:
+				return m.GetGauge().GetValue()
+			case m.GetCounter() != nil:
+				return m.GetCounter().GetValue()
+			case m.GetHistogram() != nil:
+				return float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return -1
+}
+
+// checkMetrics compares the scheduler's per-GPU series with an independent
+// recount from the pods' assignments, and checks the latency histograms.
+func checkMetrics(t *testing.T, nodes map[string]*allocator.Node) {
+	t.Helper()
+	for name, n := range nodes {
+		for _, g := range n.GPUs {
+			l := map[string]string{"node": name, "gpu": g.UUID, "index": strconv.Itoa(g.Index)}
+			if got, want := gauge(t, "tessera_scheduler_gpu_allocated_slices", l), float64(g.Tenants()); got != want {
+				t.Errorf("%s slices metric %v, recount %v", g.UUID, got, want)
+			}
+			if got, want := gauge(t, "tessera_scheduler_gpu_allocated_memory_bytes", l), float64(g.MemoryUsedMiB())*(1<<20); got != want {
+				t.Errorf("%s memory metric %v, recount %v", g.UUID, got, want)
+			}
+			if got, want := gauge(t, "tessera_scheduler_gpu_allocated_cores_ratio", l), float64(g.CoresUsed())/gpu.CoresPerGPU; got != want {
+				t.Errorf("%s cores metric %v, recount %v", g.UUID, got, want)
+			}
+		}
+	}
+	for _, point := range []string{"PreFilter", "Filter", "Score", "Reserve", "Bind"} {
+		if n := gauge(t, "tessera_scheduler_plugin_duration_seconds", map[string]string{"extension_point": point}); n <= 0 {
+			t.Errorf("no %s latency observed", point)
+		}
+	}
+}

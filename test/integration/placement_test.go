@@ -1,0 +1,349 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/inventory"
+	"github.com/tessera-gpu/tessera/pkg/podgpu"
+)
+
+var zeroGrace = metav1.DeleteOptions{GracePeriodSeconds: new(int64)}
+
+func assignmentOf(t *testing.T, p *v1.Pod) *gpu.PodAssignment {
+	t.Helper()
+	a, err := podgpu.BoundAssignment(p)
+	if err != nil || a == nil {
+		t.Fatalf("pod %s: assignment %v, %v", p.Name, a, err)
+	}
+	return a
+}
+
+// expectBest runs the allocator over the nodes as the API server records
+// them and returns, for a pod, the nodes with the best score and the
+// placement on each.
+func expectBest(t *testing.T, c *cluster, policy config.Policy, pod *v1.Pod, invs ...*gpu.NodeInventory) map[string]allocator.Placement {
+	t.Helper()
+	cfg := config.Default().Allocator
+	cfg.Policy = policy
+	a, err := allocator.New(&cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	greq, err := podgpu.Request(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := allocator.Compile(greq, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := c.recount(invs...)
+	best := map[string]allocator.Placement{}
+	top := 0.0
+	for name, n := range nodes {
+		var p allocator.Placement
+		if !a.Place(n, req, &p).OK() {
+			continue
+		}
+		switch {
+		case len(best) == 0 || p.Score > top:
+			best, top = map[string]allocator.Placement{name: p}, p.Score
+		case p.Score == top:
+			best[name] = p
+		}
+	}
+	return best
+}
+
+// TestModesLandWhereTheAllocatorSays: whole, MPS and time-sliced requests,
+// one at a time, land on a node the allocator ranks best, in the mode the
+// decision order gives, on GPUs that hold them.
+func TestModesLandWhereTheAllocatorSays(t *testing.T) {
+	c := startCluster(t)
+	mpsNode := c.addNode(gpuNode{name: "mps-node", gpus: 4, memMi: 81920, mps: true})
+	tsNode := c.addNode(gpuNode{name: "ts-node", gpus: 4, memMi: 81920, mps: false})
+	c.startScheduler("{policy: binpack}")
+	ns := c.namespace("modes")
+
+	steps := []struct {
+		pod      podSpec
+		wantMode gpu.SharingMode
+		wantNode string
+	}{
+		{podSpec{name: "whole-2", gpus: 2}, gpu.ModeExclusive, ""},
+		{podSpec{name: "mps-a", gpus: 1, memMi: 20480, cores: 30, annotations: map[string]string{gpu.AnnotationSharing: "mps"}}, gpu.ModeMPS, "mps-node"},
+		{podSpec{name: "ts-a", gpus: 1, memMi: 10240, cores: 20, annotations: map[string]string{gpu.AnnotationSharing: "time-slicing"}}, gpu.ModeTimeSlicing, ""},
+		{podSpec{name: "auto-a", gpus: 1, memMi: 8192, cores: 10, annotations: map[string]string{gpu.AnnotationWorkload: "inference"}}, "", ""},
+		{podSpec{name: "mps-b", gpus: 1, memMi: 30720, cores: 50, annotations: map[string]string{gpu.AnnotationSharing: "mps"}}, gpu.ModeMPS, "mps-node"},
+		{podSpec{name: "whole-1", gpus: 1}, gpu.ModeExclusive, ""},
+		{podSpec{name: "ts-b", gpus: 1, memMi: 40960, cores: 60, annotations: map[string]string{gpu.AnnotationSharing: "time-slicing", gpu.AnnotationWorkload: "training"}}, gpu.ModeTimeSlicing, ""},
+	}
+	for _, s := range steps {
+		want := expectBest(t, c, config.PolicyBinpack, makePod(ns, s.pod), mpsNode, tsNode)
+		c.createPod(ns, s.pod)
+		got := c.waitBound(ns, []string{s.pod.name}, 30*time.Second)[s.pod.name]
+		a := assignmentOf(t, got)
+		p, ok := want[got.Spec.NodeName]
+		if !ok {
+			t.Fatalf("%s landed on %s; the allocator's best nodes are %v", s.pod.name, got.Spec.NodeName, keys(want))
+		}
+		if s.wantNode != "" && got.Spec.NodeName != s.wantNode {
+			t.Errorf("%s on %s, want %s", s.pod.name, got.Spec.NodeName, s.wantNode)
+		}
+		mode := a.Containers[0].Mode
+		if s.wantMode != "" && mode != s.wantMode {
+			t.Errorf("%s runs %s, want %s", s.pod.name, mode, s.wantMode)
+		}
+		if len(want) == 1 {
+			// A unique best node: the GPUs must be the allocator's too.
+			for i, g := range a.Containers[0].GPUs {
+				if want := p.Grants[i]; g.MemoryMiB != want.MemoryMiB || g.CoresPerMille != want.Cores {
+					t.Errorf("%s GPU %d: %d MiB %d‰, allocator says %d MiB %d‰", s.pod.name, i, g.MemoryMiB, g.CoresPerMille, want.MemoryMiB, want.Cores)
+				}
+			}
+		}
+		t.Logf("%s → %s %s %v", s.pod.name, got.Spec.NodeName, mode, a.Containers[0].GPUs)
+	}
+	nodes := c.recount(mpsNode, tsNode)
+	for _, n := range nodes {
+		for _, g := range n.GPUs {
+			if g.Mode() == gpu.ModeMPS && n.Name != "mps-node" {
+				t.Errorf("GPU %s runs MPS on a node without MPS", g.UUID)
+			}
+		}
+	}
+}
+
+// TestTwoHundredPodsAtOnce: 200 GPU pods created together on 4 nodes × 8
+// GPUs are all placed and no GPU goes over its limits.
+func TestTwoHundredPodsAtOnce(t *testing.T) {
+	c := startCluster(t)
+	var invs []*gpu.NodeInventory
+	for i := range 4 {
+		invs = append(invs, c.addNode(gpuNode{name: fmt.Sprintf("burst-%d", i), gpus: 8, memMi: 81920, mps: i%2 == 0}))
+	}
+	c.startScheduler("")
+	ns := c.namespace("burst")
+	var names []string
+	start := time.Now()
+	for i := range 200 {
+		p := podSpec{name: fmt.Sprintf("p%03d", i)}
+		// 15 GPUs held whole and 190 slices needing at least 9.5 GPUs of
+		// cores: 25 of the 32 GPUs, so everything fits unless placement
+		// fragments the nodes badly.
+		switch {
+		case i%40 == 0: // 5 whole GPUs
+			p.gpus = 1
+		case i%40 == 1: // 5 pairs of GPUs
+			p.gpus = 2
+		default: // 190 inference slices of 5 % and 4 GiB
+			p.gpus, p.memMi, p.cores = 1, 4096, 5
+			p.annotations = map[string]string{gpu.AnnotationWorkload: "inference"}
+			if i%3 == 0 {
+				p.annotations[gpu.AnnotationSharing] = "time-slicing"
+			}
+		}
+		names = append(names, p.name)
+		go c.createPod(ns, p)
+	}
+	c.waitBound(ns, names, 120*time.Second)
+	t.Logf("200 pods bound in %v", time.Since(start).Round(time.Millisecond))
+	nodes := c.recount(invs...)
+	whole, shared := 0, 0
+	for _, n := range nodes {
+		for _, g := range n.GPUs {
+			switch g.Mode() {
+			case gpu.ModeExclusive:
+				whole++
+			case gpu.ModeMPS, gpu.ModeTimeSlicing:
+				shared++
+				if g.CoresUsed() > gpu.CoresPerGPU || float64(g.MemoryUsedMiB()) > 1.5*float64(g.MemoryMiB) {
+					t.Errorf("GPU %s over its limits: %d‰ %d MiB", g.UUID, g.CoresUsed(), g.MemoryUsedMiB())
+				}
+			}
+		}
+	}
+	if whole != 5+10 {
+		t.Errorf("%d GPUs held whole, want 15", whole)
+	}
+	t.Logf("%d GPUs whole, %d shared", whole, shared)
+	checkMetrics(t, nodes)
+}
+
+// TestDeletionLetsWaitingPodIn: a pod waiting for GPU space is retried as
+// soon as a GPU pod leaves or a node's inventory appears — seconds, not the
+// five-minute unschedulable flush.
+func TestDeletionLetsWaitingPodIn(t *testing.T) {
+	c := startCluster(t)
+	inv := c.addNode(gpuNode{name: "solo", gpus: 1, memMi: 81920})
+	c.startScheduler("")
+	ns := c.namespace("wait")
+	c.createPod(ns, podSpec{name: "first", gpus: 1})
+	c.waitBound(ns, []string{"first"}, 30*time.Second)
+	c.createPod(ns, podSpec{name: "second", gpus: 1})
+	waitFor(t, 30*time.Second, "second to be reported unschedulable", func() bool {
+		return strings.Contains(c.unschedulableMessage(ns, "second"), "whole")
+	})
+	t.Logf("second waits: %s", c.unschedulableMessage(ns, "second"))
+	start := time.Now()
+	if err := c.client.CoreV1().Pods(ns).Delete(c.ctx, "first", zeroGrace); err != nil {
+		t.Fatal(err)
+	}
+	c.waitBound(ns, []string{"second"}, 30*time.Second)
+	t.Logf("waiting pod bound %v after the GPU pod was deleted", time.Since(start).Round(time.Millisecond))
+	c.recount(inv)
+
+	// A node whose agent publishes its inventory late.
+	late := nodeInventory(gpuNode{name: "late", gpus: 2, memMi: 81920})
+	c.registerNode("late")
+	c.createPod(ns, podSpec{name: "third", gpus: 2})
+	waitFor(t, 30*time.Second, "third to be reported unschedulable", func() bool { return c.unschedulableMessage(ns, "third") != "" })
+	start = time.Now()
+	if err := inventory.Publish(c.ctx, c.client, late); err != nil {
+		t.Fatal(err)
+	}
+	c.waitBound(ns, []string{"third"}, 30*time.Second)
+	t.Logf("waiting pod bound %v after a node's inventory appeared", time.Since(start).Round(time.Millisecond))
+}
+
+// TestMalformedRequestsStayPending: each malformed request gets a reason its
+// owner can act on, as the pod's condition and an event, and is not placed.
+func TestMalformedRequestsStayPending(t *testing.T) {
+	c := startCluster(t)
+	c.addNode(gpuNode{name: "m1", gpus: 2, memMi: 81920})
+	c.startScheduler("")
+	ns := c.namespace("bad")
+	cases := map[string]struct {
+		pod  podSpec
+		want string
+	}{
+		"cores-150":   {podSpec{gpus: 1, memMi: 8192, cores: 150}, "must be 1–100"},
+		"too-big":     {podSpec{gpus: 1, memMi: 200000, cores: 10}, "largest GPU in the cluster has 81920 MiB"},
+		"bad-mode":    {podSpec{gpus: 1, annotations: map[string]string{gpu.AnnotationSharing: "mig"}}, "tessera.dev/sharing"},
+		"mps-no-size": {podSpec{gpus: 1, annotations: map[string]string{gpu.AnnotationSharing: "mps"}}, "needs"},
+		"bad-class":   {podSpec{gpus: 1, memMi: 4096, annotations: map[string]string{gpu.AnnotationWorkload: "batch"}}, "tessera.dev/workload"},
+	}
+	for name, tc := range cases {
+		tc.pod.name = name
+		c.createPod(ns, tc.pod)
+	}
+	c.createPod(ns, podSpec{name: "good", gpus: 1, memMi: 8192, cores: 10})
+	c.waitBound(ns, []string{"good"}, 30*time.Second)
+	for name, tc := range cases {
+		waitFor(t, 30*time.Second, name+" to be reported", func() bool { return c.unschedulableMessage(ns, name) != "" })
+		msg := c.unschedulableMessage(ns, name)
+		if !strings.Contains(msg, tc.want) {
+			t.Errorf("%s: condition %q, want it to say %q", name, msg, tc.want)
+		}
+	}
+	waitFor(t, 30*time.Second, "FailedScheduling events", func() bool {
+		evs, err := c.client.EventsV1().Events(ns).List(c.ctx, metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		seen := map[string]bool{}
+		for _, e := range evs.Items {
+			if e.Reason == "FailedScheduling" && e.Type == v1.EventTypeWarning {
+				seen[e.Regarding.Name] = true
+			}
+		}
+		for name := range cases {
+			if !seen[name] {
+				return false
+			}
+		}
+		return true
+	})
+	pods, err := c.client.CoreV1().Pods(ns).List(c.ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		if _, bad := cases[p.Name]; bad && p.Spec.NodeName != "" {
+			t.Errorf("malformed pod %s was bound to %s", p.Name, p.Spec.NodeName)
+		}
+	}
+}
+
+// TestSchedulerRestartLosesNothing: 64 quarter-GPU pods fill 2 nodes × 8
+// GPUs exactly. The scheduler is stopped midway and a new one started: it
+// must rebuild the first half's bookings from the pods (forgetting one
+// overbooks a GPU, counting one twice leaves a pod pending) and place the
+// rest. Then a node's inventory vanishes under bound pods: reported, no crash.
+func TestSchedulerRestartLosesNothing(t *testing.T) {
+	c := startCluster(t)
+	a := c.addNode(gpuNode{name: "r1", gpus: 8, memMi: 81920, mps: true})
+	b := c.addNode(gpuNode{name: "r2", gpus: 8, memMi: 81920, mps: true})
+	first := c.startScheduler("")
+	ns := c.namespace("restart")
+	var names []string
+	for i := range 64 {
+		names = append(names, fmt.Sprintf("q%02d", i))
+	}
+	for _, n := range names[:32] {
+		c.createPod(ns, podSpec{name: n, gpus: 1, memMi: 16384, cores: 25})
+	}
+	c.waitBound(ns, names[:32], 60*time.Second)
+	first.stop()
+	for _, n := range names[32:] {
+		c.createPod(ns, podSpec{name: n, gpus: 1, memMi: 16384, cores: 25})
+	}
+	c.startScheduler("")
+	bound := c.waitBound(ns, names, 60*time.Second)
+	nodes := c.recount(a, b)
+	for _, n := range nodes {
+		for _, g := range n.GPUs {
+			if g.CoresUsed() != gpu.CoresPerGPU || g.Tenants() != 4 {
+				t.Errorf("GPU %s holds %d‰ in %d slices, want exactly 4 quarters", g.UUID, g.CoresUsed(), g.Tenants())
+			}
+		}
+	}
+	// One more pod must wait: the cluster is exactly full.
+	c.createPod(ns, podSpec{name: "extra", gpus: 1, memMi: 16384, cores: 25})
+	waitFor(t, 30*time.Second, "extra to be reported unschedulable", func() bool { return c.unschedulableMessage(ns, "extra") != "" })
+
+	// The inventory of r2 vanishes: its 32 pods are orphaned and reported.
+	if err := inventory.Withdraw(c.ctx, c.client, "r2"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "orphaned pods to be reported", func() bool { return gauge(t, "tessera_scheduler_orphaned_pods", nil) == 32 })
+	// The scheduler still works: deleting a pod on r1 lets extra in.
+	var onR1 string
+	for name, p := range bound {
+		if p.Spec.NodeName == "r1" {
+			onR1 = name
+			break
+		}
+	}
+	if err := c.client.CoreV1().Pods(ns).Delete(c.ctx, onR1, zeroGrace); err != nil {
+		t.Fatal(err)
+	}
+	c.waitBound(ns, []string{"extra"}, 30*time.Second)
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, timeout, true, func(context.Context) (bool, error) { return cond(), nil })
+	if err != nil {
+		t.Fatalf("waiting for %s: %v", what, err)
+	}
+}
+
+func keys[V any](m map[string]V) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
