@@ -1,0 +1,308 @@
+// Package nvml is the agent's only door to the GPUs: the inventory it
+// publishes (UUID, model, memory, SMs, NVLink peers, MIG and compute mode),
+// the usage it samples (memory per process, device and per-process SM
+// utilization, temperature, power, clock-event reasons) and the XID events
+// that take a GPU out of service. It wraps go-nvml's nvml.Interface, so tests
+// run on go-nvml's whole-server mocks (dgxa100, dgxh100, dgxh200) and the
+// agent on the real driver with the same code.
+//
+// A reading a GPU does not support (NOT_SUPPORTED, common on consumer boards
+// and inside MIG) is reported as missing, never as zero: a zero temperature
+// or power would be a lie on a dashboard. A GPU that fell off the bus
+// (GPU_IS_LOST) is reported as lost so the agent can remove it.
+package nvml
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+)
+
+// ErrNoDriver says NVML could not be loaded or initialised: no NVIDIA driver
+// on this node, or the agent's container lacks the driver's libraries.
+var ErrNoDriver = errors.New("NVML is not available (no NVIDIA driver, or libnvidia-ml.so.1 not mounted into the agent)")
+
+// Client reads one node's GPUs. It is safe for concurrent use.
+type Client struct {
+	lib gonvml.Interface
+
+	mu sync.Mutex
+	// lastProcSample is, per GPU UUID, the newest per-process utilization
+	// timestamp already read, so each pass returns only new samples.
+	lastProcSample map[string]uint64
+}
+
+// New initialises NVML through lib (gonvml.New() on a node; a mock server in
+// tests). Close releases it.
+func New(lib gonvml.Interface) (*Client, error) {
+	if ret := lib.Init(); ret != gonvml.SUCCESS {
+		if ret == gonvml.ERROR_LIBRARY_NOT_FOUND || ret == gonvml.ERROR_DRIVER_NOT_LOADED {
+			return nil, fmt.Errorf("%w: %s", ErrNoDriver, errorString(lib, ret))
+		}
+		return nil, fmt.Errorf("NVML init: %s", errorString(lib, ret))
+	}
+	return &Client{lib: lib, lastProcSample: map[string]uint64{}}, nil
+}
+
+// Close shuts NVML down.
+func (c *Client) Close() error {
+	if ret := c.lib.Shutdown(); ret != gonvml.SUCCESS {
+		return fmt.Errorf("NVML shutdown: %s", errorString(c.lib, ret))
+	}
+	return nil
+}
+
+// errorString is ret's message; mocks do not implement ErrorString.
+func errorString(lib gonvml.Interface, ret gonvml.Return) (s string) {
+	defer func() {
+		if recover() != nil {
+			s = fmt.Sprintf("NVML return %d", int32(ret))
+		}
+	}()
+	return lib.ErrorString(ret)
+}
+
+// DeviceInfo is what the agent publishes about one GPU.
+type DeviceInfo struct {
+	Index     int
+	UUID      string
+	Model     string
+	MemoryMiB int64
+	// SMCount is 0 when the GPU does not report it.
+	SMCount int
+	// NVLinkPeers are the indexes of the GPUs this one reaches over NVLink
+	// (directly or through NVSwitch).
+	NVLinkPeers []int
+	// MIGEnabled: the GPU is partitioned by MIG; Tessera does not slice it.
+	MIGEnabled  bool
+	ComputeMode gonvml.ComputeMode
+	PCIBusID    string
+}
+
+// Device converts the reading into the inventory's device record. MPS
+// capability is the agent's decision (config), not a property NVML reports.
+func (d DeviceInfo) Device(healthy, mps bool) gpu.Device {
+	return gpu.Device{Index: d.Index, UUID: d.UUID, Model: d.Model, MemoryMiB: d.MemoryMiB, SMCount: d.SMCount,
+		Healthy: healthy && !d.MIGEnabled, MPSCapable: mps, NVLinkPeers: d.NVLinkPeers}
+}
+
+// Devices reads every GPU's identity and topology. A GPU that fails to
+// answer is left out and its error returned alongside the others, so one
+// lost GPU does not hide the node's seven good ones.
+func (c *Client) Devices() ([]DeviceInfo, error) {
+	n, ret := c.lib.DeviceGetCount()
+	if ret != gonvml.SUCCESS {
+		return nil, fmt.Errorf("NVML device count: %s", errorString(c.lib, ret))
+	}
+	var (
+		out     []DeviceInfo
+		handles []gonvml.Device
+		errs    []error
+	)
+	for i := range n {
+		d, ret := c.lib.DeviceGetHandleByIndex(i)
+		if ret != gonvml.SUCCESS {
+			errs = append(errs, fmt.Errorf("GPU %d: handle: %s", i, errorString(c.lib, ret)))
+			continue
+		}
+		info, err := c.deviceInfo(i, d)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("GPU %d: %w", i, err))
+			continue
+		}
+		out = append(out, info)
+		handles = append(handles, d)
+	}
+	// NVLink peers: P2P over NVLink between every pair NVML reports OK. This
+	// covers direct links and NVSwitch fabrics alike, where the remote end of
+	// each link is a switch, not a GPU.
+	for i := range out {
+		for j := range out {
+			if i == j {
+				continue
+			}
+			st, ret := handles[i].GetP2PStatus(handles[j], gonvml.P2P_CAPS_INDEX_NVLINK)
+			if ret == gonvml.SUCCESS && st == gonvml.P2P_STATUS_OK {
+				out[i].NVLinkPeers = append(out[i].NVLinkPeers, out[j].Index)
+			}
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+func (c *Client) deviceInfo(i int, d gonvml.Device) (DeviceInfo, error) {
+	info := DeviceInfo{Index: i}
+	var ret gonvml.Return
+	if info.UUID, ret = d.GetUUID(); ret != gonvml.SUCCESS {
+		return info, fmt.Errorf("UUID: %s", errorString(c.lib, ret))
+	}
+	if info.Model, ret = d.GetName(); ret != gonvml.SUCCESS {
+		return info, fmt.Errorf("name: %s", errorString(c.lib, ret))
+	}
+	mem, ret := d.GetMemoryInfo()
+	if ret != gonvml.SUCCESS {
+		return info, fmt.Errorf("memory: %s", errorString(c.lib, ret))
+	}
+	info.MemoryMiB = int64(mem.Total >> 20)
+	if attr, ret := d.GetAttributes(); ret == gonvml.SUCCESS {
+		info.SMCount = int(attr.MultiprocessorCount)
+	}
+	if cur, _, ret := d.GetMigMode(); ret == gonvml.SUCCESS {
+		info.MIGEnabled = cur == gonvml.DEVICE_MIG_ENABLE
+	}
+	if m, ret := d.GetComputeMode(); ret == gonvml.SUCCESS {
+		info.ComputeMode = m
+	}
+	if pci, ret := d.GetPciInfo(); ret == gonvml.SUCCESS {
+		info.PCIBusID = busID(pci)
+	}
+	return info, nil
+}
+
+func busID(p gonvml.PciInfo) string {
+	b := make([]byte, 0, len(p.BusId))
+	for _, c := range p.BusId {
+		if c == 0 {
+			break
+		}
+		b = append(b, byte(c))
+	}
+	return string(b)
+}
+
+// ProcessUsage is one process's use of one GPU.
+type ProcessUsage struct {
+	PID       uint32
+	MemoryMiB int64
+	// SMUtil is the process's SM utilization in percent over the last
+	// sample period; NaN when the GPU reported no sample for it.
+	SMUtil float64
+}
+
+// DeviceUsage is one sampling pass over one GPU. Float readings are NaN when
+// the GPU does not support them.
+type DeviceUsage struct {
+	Index          int
+	UUID           string
+	MemoryUsedMiB  int64
+	MemoryTotalMiB int64
+	// SMUtil is the device's SM ("GPU") utilization, percent.
+	SMUtil       float64
+	TemperatureC float64
+	PowerW       float64
+	// ClockEventReasons is NVML's bitmask of why clocks are held down
+	// (gonvml.ClocksEventReason*); Throttled says whether any of them is a
+	// slowdown rather than idling or an application setting.
+	ClockEventReasons uint64
+	Processes         []ProcessUsage
+	// Lost: the GPU stopped answering (fell off the bus, XID 79); the other
+	// readings are empty.
+	Lost bool
+}
+
+// slowdownReasons are the clock-event reasons that slow a busy GPU down.
+const slowdownReasons = gonvml.ClocksEventReasonSwPowerCap | gonvml.ClocksThrottleReasonHwSlowdown |
+	gonvml.ClocksEventReasonSwThermalSlowdown | gonvml.ClocksThrottleReasonHwThermalSlowdown |
+	gonvml.ClocksThrottleReasonHwPowerBrakeSlowdown
+
+// Throttled says whether the GPU's clocks were held down by power or heat.
+func (u DeviceUsage) Throttled() bool { return u.ClockEventReasons&slowdownReasons != 0 }
+
+// Sample reads every GPU's usage once. A GPU that cannot be read is returned
+// with Lost set (GPU_IS_LOST) or left out with an error, never fatal to the
+// pass.
+func (c *Client) Sample() ([]DeviceUsage, error) {
+	n, ret := c.lib.DeviceGetCount()
+	if ret != gonvml.SUCCESS {
+		return nil, fmt.Errorf("NVML device count: %s", errorString(c.lib, ret))
+	}
+	out := make([]DeviceUsage, 0, n)
+	var errs []error
+	for i := range n {
+		d, ret := c.lib.DeviceGetHandleByIndex(i)
+		if ret != gonvml.SUCCESS {
+			errs = append(errs, fmt.Errorf("GPU %d: handle: %s", i, errorString(c.lib, ret)))
+			continue
+		}
+		u, err := c.sampleDevice(i, d)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("GPU %d: %w", i, err))
+		}
+		if u.UUID != "" {
+			out = append(out, u)
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+func (c *Client) sampleDevice(i int, d gonvml.Device) (DeviceUsage, error) {
+	u := DeviceUsage{Index: i, SMUtil: math.NaN(), TemperatureC: math.NaN(), PowerW: math.NaN()}
+	uuid, ret := d.GetUUID()
+	if ret != gonvml.SUCCESS {
+		return u, fmt.Errorf("UUID: %s", errorString(c.lib, ret))
+	}
+	u.UUID = uuid
+	mem, ret := d.GetMemoryInfo()
+	if ret == gonvml.ERROR_GPU_IS_LOST {
+		u.Lost = true
+		return u, nil
+	}
+	if ret != gonvml.SUCCESS {
+		return u, fmt.Errorf("memory: %s", errorString(c.lib, ret))
+	}
+	u.MemoryUsedMiB, u.MemoryTotalMiB = int64(mem.Used>>20), int64(mem.Total>>20)
+	if ut, ret := d.GetUtilizationRates(); ret == gonvml.SUCCESS {
+		u.SMUtil = float64(ut.Gpu)
+	}
+	if t, ret := d.GetTemperature(gonvml.TEMPERATURE_GPU); ret == gonvml.SUCCESS {
+		u.TemperatureC = float64(t)
+	}
+	if p, ret := d.GetPowerUsage(); ret == gonvml.SUCCESS {
+		u.PowerW = float64(p) / 1000
+	}
+	if r, ret := d.GetCurrentClocksEventReasons(); ret == gonvml.SUCCESS {
+		u.ClockEventReasons = r
+	}
+	procs, ret := d.GetComputeRunningProcesses()
+	if ret == gonvml.ERROR_GPU_IS_LOST {
+		u.Lost = true
+		return u, nil
+	}
+	byPID := map[uint32]int{}
+	if ret == gonvml.SUCCESS {
+		for _, p := range procs {
+			byPID[p.Pid] = len(u.Processes)
+			u.Processes = append(u.Processes, ProcessUsage{PID: p.Pid, MemoryMiB: int64(p.UsedGpuMemory >> 20), SMUtil: math.NaN()})
+		}
+	}
+	// Per-process SM utilization: only samples newer than the last pass.
+	c.mu.Lock()
+	since := c.lastProcSample[uuid]
+	c.mu.Unlock()
+	samples, ret := d.GetProcessUtilization(since)
+	if ret == gonvml.SUCCESS {
+		newest := since
+		seen := map[uint32]uint64{} // per process, the newest sample taken
+		for _, s := range samples {
+			newest = max(newest, s.TimeStamp)
+			k, ok := byPID[s.Pid]
+			if !ok {
+				continue
+			}
+			if ts, dup := seen[s.Pid]; dup && ts > s.TimeStamp {
+				continue
+			}
+			seen[s.Pid] = s.TimeStamp
+			u.Processes[k].SMUtil = float64(s.SmUtil)
+		}
+		c.mu.Lock()
+		c.lastProcSample[uuid] = newest
+		c.mu.Unlock()
+	}
+	return u, nil
+}
