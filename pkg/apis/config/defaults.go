@@ -35,7 +35,15 @@ const (
 	DefaultMaxSlices             = 8
 	DefaultStallWindow           = 5 * time.Minute
 	DefaultStallThreshold        = 0.15
+	// DefaultQuietPeriod: a faulted GPU returns after 5 minutes without faults.
+	DefaultQuietPeriod = 5 * time.Minute
 )
+
+// DefaultIgnoredXids are the XIDs an application causes, not the GPU (the
+// list NVIDIA's device plugin skips): 13 graphics engine exception, 31 GPU
+// memory page fault, 43 GPU stopped processing, 45 preemptive cleanup, 68
+// video processor exception, 109 context switch timeout.
+var DefaultIgnoredXids = []uint64{13, 31, 43, 45, 68, 109}
 
 // Default returns a configuration with every field at its production default.
 func Default() *Configuration {
@@ -99,6 +107,10 @@ func SetDefaults(c *Configuration) {
 		f.ARIMA = ARIMAOrder{P: 5, D: 1, Q: 0}
 	}
 	setDuration(&c.Stall.Window, DefaultStallWindow)
+	if c.Health.IgnoredXids == nil {
+		c.Health.IgnoredXids = append([]uint64(nil), DefaultIgnoredXids...)
+	}
+	setDuration(&c.Health.QuietPeriod, DefaultQuietPeriod)
 	if c.Stall.Threshold == 0 {
 		c.Stall.Threshold = DefaultStallThreshold
 	}

@@ -46,6 +46,18 @@ type Configuration struct {
 	Fragments FragmentConfig `json:"fragments"`
 	// Stall is the alert on the stall metric.
 	Stall StallConfig `json:"stall"`
+	// Health decides when NVML faults take a GPU out of service.
+	Health HealthConfig `json:"health"`
+}
+
+// HealthConfig is the agent's fault handling.
+type HealthConfig struct {
+	// IgnoredXids are XID codes that do not take a GPU out of service
+	// (errors applications cause). Unset: the default list; [] ignores none.
+	IgnoredXids []uint64 `json:"ignoredXids"`
+	// QuietPeriod is how long a faulted GPU must stay free of faults before
+	// it takes slices again.
+	QuietPeriod Duration `json:"quietPeriod"`
 }
 
 // AllocatorConfig configures pkg/allocator.

@@ -60,6 +60,7 @@ func Validate(c *Configuration) error {
 	positive("timeSlice.ioBound", c.TimeSlice.IOBound)
 	positive("fragments.sampleInterval", c.Fragments.SampleInterval)
 	positive("stall.window", c.Stall.Window)
+	positive("health.quietPeriod", c.Health.QuietPeriod)
 	if c.Fragments.SampleInterval.Duration > 0 && c.Fragments.SampleInterval.Duration < 10*time.Millisecond {
 		bad("fragments.sampleInterval", c.Fragments.SampleInterval.Duration, "below 10ms NVML utilization samples repeat")
 	}
