@@ -55,6 +55,7 @@ fuzz:
 	$(GO) test ./pkg/gpu/ -run '^$$' -fuzz FuzzDecodeInventory -fuzztime 30s
 	$(GO) test ./pkg/apis/config/ -run '^$$' -fuzz FuzzLoad -fuzztime 30s
 	$(GO) test ./pkg/sim/ -run '^$$' -fuzz FuzzParsePods -fuzztime 30s
+	$(GO) test ./pkg/agent/tenants/ -run '^$$' -fuzz FuzzParseCgroup -fuzztime 30s
 
 clean:
 	rm -rf bin out

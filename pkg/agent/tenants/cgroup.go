@@ -1,0 +1,66 @@
+// Package tenants maps a GPU process to the pod and container it runs in, so
+// every tenant of a shared GPU gets its own metric series. NVML reports
+// process IDs; a process's cgroup (/proc/<pid>/cgroup, readable with the
+// host's PID namespace) names its pod UID and container ID under the kubelet's
+// kubepods hierarchy, and the node's pods (from the API server) turn those
+// into namespace, pod and container names.
+package tenants
+
+import (
+	"errors"
+	"regexp"
+	"strings"
+)
+
+// CgroupRef is what a process's cgroup says about where it runs.
+type CgroupRef struct {
+	// PodUID is the pod's UID, with dashes.
+	PodUID string
+	// ContainerID is the runtime's container ID (64 hex digits for
+	// containerd, CRI-O and Docker), without the runtime prefix.
+	ContainerID string
+}
+
+// ErrNotAPod says the process does not run in a Kubernetes pod (a host
+// process, or the MPS daemon).
+var ErrNotAPod = errors.New("process is not in a kubepods cgroup")
+
+// podSegment matches the pod component of both cgroup drivers:
+//
+//	cgroupfs: pod0c6e1a9a-3a9e-4f0e-9a55-6f7b2f2bb1de
+//	systemd:  kubepods-besteffort-pod0c6e1a9a_3a9e_4f0e_9a55_6f7b2f2bb1de.slice
+var podSegment = regexp.MustCompile(`pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})(\.slice)?$`)
+
+// containerSegment matches the container component: a bare ID (cgroupfs) or
+// a runtime scope (systemd): cri-containerd-<id>.scope, crio-<id>.scope,
+// docker-<id>.scope.
+var containerSegment = regexp.MustCompile(`^(?:(?:cri-containerd|crio|docker)-)?([0-9a-f]{64})(?:\.scope)?$`)
+
+// ParseCgroup reads the contents of /proc/<pid>/cgroup (v1 or v2) and
+// returns the pod and container the process belongs to.
+func ParseCgroup(data string) (CgroupRef, error) {
+	for _, line := range strings.Split(data, "\n") {
+		// hierarchy-ID:controllers:path; the path may itself hold colons.
+		parts := strings.SplitN(strings.TrimSpace(line), ":", 3)
+		if len(parts) != 3 || !strings.Contains(parts[2], "kubepods") {
+			continue
+		}
+		segs := strings.Split(strings.Trim(parts[2], "/"), "/")
+		var ref CgroupRef
+		for i, s := range segs {
+			if m := podSegment.FindStringSubmatch(s); m != nil {
+				ref.PodUID = strings.ReplaceAll(m[1], "_", "-")
+				if i+1 < len(segs) {
+					if c := containerSegment.FindStringSubmatch(segs[i+1]); c != nil {
+						ref.ContainerID = c[1]
+					}
+				}
+				break
+			}
+		}
+		if ref.PodUID != "" {
+			return ref, nil
+		}
+	}
+	return CgroupRef{}, ErrNotAPod
+}
