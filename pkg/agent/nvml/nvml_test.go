@@ -15,79 +15,9 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+
+	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
 )
-
-// reading is what one mock GPU reports, set per test.
-type reading struct {
-	smCount  uint32
-	used     uint64 // bytes
-	util     uint32
-	tempC    uint32
-	powerMW  uint32
-	reasons  uint64
-	procs    []gonvml.ProcessInfo
-	procUtil []gonvml.ProcessUtilizationSample
-	// unsupported makes every optional reading NOT_SUPPORTED.
-	unsupported bool
-	lost        bool
-	nvlink      bool
-	events      uint64 // supported event types
-}
-
-// withReadings installs the readings on a go-nvml mock server: the mocks
-// answer identity and memory, and leave usage, topology and events to the
-// test.
-func withReadings(t *testing.T, srv *server.Server, r func(i int) *reading) {
-	t.Helper()
-	for i, dev := range srv.Devices {
-		d := dev.(*server.Device)
-		rd := r(i)
-		opt := func() gonvml.Return {
-			if rd.unsupported {
-				return gonvml.ERROR_NOT_SUPPORTED
-			}
-			return gonvml.SUCCESS
-		}
-		d.GetAttributesFunc = func() (gonvml.DeviceAttributes, gonvml.Return) {
-			return gonvml.DeviceAttributes{MultiprocessorCount: rd.smCount}, opt()
-		}
-		d.GetComputeModeFunc = func() (gonvml.ComputeMode, gonvml.Return) { return gonvml.COMPUTEMODE_DEFAULT, gonvml.SUCCESS }
-		total := d.MemoryInfo.Total
-		d.GetMemoryInfoFunc = func() (gonvml.Memory, gonvml.Return) {
-			if rd.lost {
-				return gonvml.Memory{}, gonvml.ERROR_GPU_IS_LOST
-			}
-			return gonvml.Memory{Total: total, Used: rd.used, Free: total - rd.used}, gonvml.SUCCESS
-		}
-		d.GetUtilizationRatesFunc = func() (gonvml.Utilization, gonvml.Return) {
-			return gonvml.Utilization{Gpu: rd.util}, opt()
-		}
-		d.GetTemperatureFunc = func(gonvml.TemperatureSensors) (uint32, gonvml.Return) { return rd.tempC, opt() }
-		d.GetPowerUsageFunc = func() (uint32, gonvml.Return) { return rd.powerMW, opt() }
-		d.GetCurrentClocksEventReasonsFunc = func() (uint64, gonvml.Return) { return rd.reasons, opt() }
-		d.GetComputeRunningProcessesFunc = func() ([]gonvml.ProcessInfo, gonvml.Return) { return rd.procs, gonvml.SUCCESS }
-		d.GetProcessUtilizationFunc = func(since uint64) ([]gonvml.ProcessUtilizationSample, gonvml.Return) {
-			var out []gonvml.ProcessUtilizationSample
-			for _, s := range rd.procUtil {
-				if s.TimeStamp > since {
-					out = append(out, s)
-				}
-			}
-			if len(out) == 0 {
-				return nil, gonvml.ERROR_NOT_FOUND
-			}
-			return out, gonvml.SUCCESS
-		}
-		d.GetP2PStatusFunc = func(gonvml.Device, gonvml.GpuP2PCapsIndex) (gonvml.GpuP2PStatus, gonvml.Return) {
-			if !rd.nvlink {
-				return gonvml.P2P_STATUS_NOT_SUPPORTED, gonvml.SUCCESS
-			}
-			return gonvml.P2P_STATUS_OK, gonvml.SUCCESS
-		}
-		d.GetSupportedEventTypesFunc = func() (uint64, gonvml.Return) { return rd.events, gonvml.SUCCESS }
-		d.RegisterEventsFunc = func(uint64, gonvml.EventSet) gonvml.Return { return gonvml.SUCCESS }
-	}
-}
 
 func open(t *testing.T, srv *server.Server) *Client {
 	t.Helper()
@@ -115,7 +45,7 @@ func TestDevicesOnEveryServerMock(t *testing.T) {
 		{"dgxh200", dgxh200.New(), "NVIDIA H200 141GB HBM3e", 144384, 132},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			withReadings(t, tc.srv, func(int) *reading { return &reading{smCount: tc.sms, nvlink: true} })
+			nvmltest.Install(tc.srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{SMCount: tc.sms, NVLink: true} })
 			devs, err := open(t, tc.srv).Devices()
 			if err != nil {
 				t.Fatal(err)
@@ -151,7 +81,7 @@ func TestDevicesOnEveryServerMock(t *testing.T) {
 // Tessera's slicing; PCIe boards without NVLink have no peers.
 func TestMIGGPUsAreNotSliced(t *testing.T) {
 	srv := dgxa100.New()
-	withReadings(t, srv, func(int) *reading { return &reading{smCount: 108} })
+	nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{SMCount: 108} })
 	d0 := srv.Devices[0].(*server.Device)
 	if ret, _ := d0.SetMigMode(gonvml.DEVICE_MIG_ENABLE); ret != gonvml.SUCCESS {
 		t.Fatal(ret)
@@ -173,19 +103,19 @@ func TestMIGGPUsAreNotSliced(t *testing.T) {
 // GPUs report them; per-process samples are read once each.
 func TestSampleReadsUsagePerProcess(t *testing.T) {
 	srv := dgxh100.New()
-	withReadings(t, srv, func(i int) *reading {
-		r := &reading{smCount: 132, util: uint32(10 * i), tempC: uint32(40 + i), powerMW: 300000 + uint32(i)*1000}
+	nvmltest.Install(srv, func(i int) *nvmltest.Reading {
+		r := &nvmltest.Reading{SMCount: 132, Util: uint32(10 * i), TempC: uint32(40 + i), PowerMW: 300000 + uint32(i)*1000}
 		if i == 2 {
-			r.used = 30 << 30
-			r.procs = []gonvml.ProcessInfo{{Pid: 100, UsedGpuMemory: 20 << 30}, {Pid: 200, UsedGpuMemory: 10 << 30}}
-			r.procUtil = []gonvml.ProcessUtilizationSample{
+			r.Used = 30 << 30
+			r.Procs = []gonvml.ProcessInfo{{Pid: 100, UsedGpuMemory: 20 << 30}, {Pid: 200, UsedGpuMemory: 10 << 30}}
+			r.ProcUtil = []gonvml.ProcessUtilizationSample{
 				{Pid: 100, TimeStamp: 5, SmUtil: 10}, {Pid: 100, TimeStamp: 9, SmUtil: 55}, {Pid: 200, TimeStamp: 8, SmUtil: 15},
 				{Pid: 999, TimeStamp: 9, SmUtil: 99}, // exited since
 			}
-			r.reasons = gonvml.ClocksEventReasonSwThermalSlowdown
+			r.Reasons = gonvml.ClocksEventReasonSwThermalSlowdown
 		}
 		if i == 3 {
-			r.reasons = gonvml.ClocksEventReasonGpuIdle
+			r.Reasons = gonvml.ClocksEventReasonGpuIdle
 		}
 		return r
 	})
@@ -223,8 +153,8 @@ func TestSampleReadsUsagePerProcess(t *testing.T) {
 // lost without failing the pass over the others.
 func TestUnsupportedReadingsAreMissingNotZero(t *testing.T) {
 	srv := dgxa100.New()
-	withReadings(t, srv, func(i int) *reading {
-		return &reading{unsupported: i == 1, lost: i == 5, util: 50, tempC: 60, powerMW: 250000}
+	nvmltest.Install(srv, func(i int) *nvmltest.Reading {
+		return &nvmltest.Reading{Unsupported: i == 1, Lost: i == 5, Util: 50, TempC: 60, PowerMW: 250000}
 	})
 	c := open(t, srv)
 	us, err := c.Sample()
@@ -238,7 +168,7 @@ func TestUnsupportedReadingsAreMissingNotZero(t *testing.T) {
 		t.Errorf("GPU 0: %+v", u)
 	}
 	if !us[5].Lost || us[4].Lost {
-		t.Errorf("lost: GPU 5 %v, GPU 4 %v", us[5].Lost, us[4].Lost)
+		t.Errorf("Lost: GPU 5 %v, GPU 4 %v", us[5].Lost, us[4].Lost)
 	}
 	if devs, err := c.Devices(); err == nil || len(devs) != 7 {
 		t.Errorf("Devices with a lost GPU: %d GPUs, error %v; want the 7 others and an error naming GPU 5", len(devs), err)
@@ -260,8 +190,8 @@ func TestNoDriverIsAClearError(t *testing.T) {
 // the GPU's UUID and code; timeouts are not events; ctx stops the watch.
 func TestWatchEventsDeliversXids(t *testing.T) {
 	srv := dgxh200.New()
-	withReadings(t, srv, func(int) *reading {
-		return &reading{events: gonvml.EventTypeXidCriticalError | gonvml.EventTypeSingleBitEccError}
+	nvmltest.Install(srv, func(int) *nvmltest.Reading {
+		return &nvmltest.Reading{Events: gonvml.EventTypeXidCriticalError | gonvml.EventTypeSingleBitEccError}
 	})
 	var mu sync.Mutex
 	queue := []gonvml.EventData{

@@ -1,0 +1,260 @@
+// Package metrics is the agent's Prometheus view of its GPUs: one sampling
+// pass reads every GPU through pkg/agent/nvml, names each GPU process's pod
+// container through pkg/agent/tenants, folds in health and slice counts, and
+// replaces the snapshot a scrape reads. Scrapes never touch NVML, so a slow
+// or hung driver call delays the next snapshot, not Prometheus.
+//
+// Series (labels node, gpu = UUID, model, index on every GPU series; plus
+// namespace, pod, container on the per-tenant ones):
+//
+//	tessera_gpu_memory_used_bytes, tessera_gpu_memory_total_bytes
+//	tessera_gpu_sm_utilization_ratio        device SM ("GPU") utilization, 0–1
+//	tessera_gpu_temperature_celsius, tessera_gpu_power_watts
+//	tessera_gpu_throttled                   1 when clocks are held down by power or heat
+//	tessera_gpu_stall_ratio                 see Stall
+//	tessera_gpu_slices, tessera_gpu_slices_allocated
+//	tessera_gpu_healthy                     0 while a fault or loss keeps the GPU out
+//	tessera_container_gpu_memory_used_bytes per tenant
+//	tessera_container_gpu_sm_utilization_ratio per tenant
+//
+// A reading the GPU does not support is absent, not zero.
+package metrics
+
+import (
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tessera-gpu/tessera/pkg/agent/health"
+	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
+	"github.com/tessera-gpu/tessera/pkg/agent/tenants"
+)
+
+// Stall is the stall ratio of one GPU: among the samples of the last window
+// (config stall.window, 5 minutes) in which the GPU was busy (SM utilization
+// above zero), the fraction whose clocks were held down by a slowdown — power
+// cap, hardware slowdown, thermal slowdown or power brake
+// (nvml.DeviceUsage.Throttled). An idle GPU has ratio 0. The shipped alert
+// fires above stall.threshold (15 %).
+type Stall struct {
+	window  time.Duration
+	samples []stallSample
+}
+
+type stallSample struct {
+	at        time.Time
+	busy      bool
+	throttled bool
+}
+
+// Add records a sample taken at now and drops those older than the window.
+func (s *Stall) Add(now time.Time, u nvml.DeviceUsage) {
+	busy := !math.IsNaN(u.SMUtil) && u.SMUtil > 0
+	s.samples = append(s.samples, stallSample{at: now, busy: busy, throttled: busy && u.Throttled()})
+	cut := 0
+	for cut < len(s.samples) && now.Sub(s.samples[cut].at) > s.window {
+		cut++
+	}
+	if cut > 0 {
+		s.samples = append(s.samples[:0], s.samples[cut:]...)
+	}
+}
+
+// Ratio is the stall ratio over the window.
+func (s *Stall) Ratio() float64 {
+	busy, stalled := 0, 0
+	for _, x := range s.samples {
+		if x.busy {
+			busy++
+			if x.throttled {
+				stalled++
+			}
+		}
+	}
+	if busy == 0 {
+		return 0
+	}
+	return float64(stalled) / float64(busy)
+}
+
+// Slices says how many slices a GPU advertises and how many are handed out;
+// the device plugin answers it.
+type Slices func(uuid string) (total, allocated int)
+
+// Sampler runs sampling passes and is the Prometheus collector of their
+// results.
+type Sampler struct {
+	node     string
+	gpus     *nvml.Client
+	resolver *tenants.Resolver
+	health   *health.Tracker
+	slices   Slices
+
+	mu     sync.Mutex
+	models map[string]string // UUID → model, read once
+	stalls map[string]*Stall
+	window time.Duration
+	snap   []gpuSnapshot
+}
+
+type gpuSnapshot struct {
+	usage   nvml.DeviceUsage
+	model   string
+	stall   float64
+	healthy bool
+	slices  [2]int
+	tenants map[tenants.Tenant]*tenantUse
+}
+
+type tenantUse struct {
+	memMiB int64
+	sm     float64 // NaN when no process of the tenant had a sample
+}
+
+// NewSampler samples gpus on node; resolver may be nil (no per-tenant
+// series), slices may be nil (no slice series).
+func NewSampler(node string, gpus *nvml.Client, resolver *tenants.Resolver, tracker *health.Tracker, slices Slices, stallWindow time.Duration) *Sampler {
+	return &Sampler{node: node, gpus: gpus, resolver: resolver, health: tracker, slices: slices,
+		models: map[string]string{}, stalls: map[string]*Stall{}, window: stallWindow}
+}
+
+// Pass samples every GPU once at now and publishes the result. A GPU that
+// could not be read is reported in the error and left out; a lost GPU is
+// reported to the health tracker.
+func (s *Sampler) Pass(now time.Time) error {
+	usage, err := s.gpus.Sample()
+	var pids []uint32
+	for _, u := range usage {
+		for _, p := range u.Processes {
+			pids = append(pids, p.PID)
+		}
+	}
+	var who map[uint32]tenants.Tenant
+	if s.resolver != nil && len(pids) > 0 {
+		who = s.resolver.Resolve(pids)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.models) < len(usage) {
+		if devs, _ := s.gpus.Devices(); devs != nil {
+			for _, d := range devs {
+				s.models[d.UUID] = d.Model
+			}
+		}
+	}
+	snap := make([]gpuSnapshot, 0, len(usage))
+	for _, u := range usage {
+		if u.Lost {
+			s.health.Lost(u.UUID, now)
+		} else {
+			s.health.Answering(u.UUID)
+		}
+		st := s.stalls[u.UUID]
+		if st == nil {
+			st = &Stall{window: s.window}
+			s.stalls[u.UUID] = st
+		}
+		st.Add(now, u)
+		g := gpuSnapshot{usage: u, model: s.models[u.UUID], stall: st.Ratio()}
+		g.healthy, _, _ = s.health.Healthy(u.UUID, now)
+		if s.slices != nil {
+			g.slices[0], g.slices[1] = s.slices(u.UUID)
+		}
+		for _, p := range u.Processes {
+			t, ok := who[p.PID]
+			if !ok {
+				continue
+			}
+			if g.tenants == nil {
+				g.tenants = map[tenants.Tenant]*tenantUse{}
+			}
+			tu := g.tenants[t]
+			if tu == nil {
+				tu = &tenantUse{sm: math.NaN()}
+				g.tenants[t] = tu
+			}
+			tu.memMiB += p.MemoryMiB
+			if !math.IsNaN(p.SMUtil) {
+				if math.IsNaN(tu.sm) {
+					tu.sm = 0
+				}
+				tu.sm += p.SMUtil
+			}
+		}
+		snap = append(snap, g)
+	}
+	s.snap = snap
+	return err
+}
+
+var (
+	gpuLabels    = []string{"node", "gpu", "model", "index"}
+	tenantLabels = []string{"node", "gpu", "model", "index", "namespace", "pod", "container"}
+
+	descMemUsed   = prometheus.NewDesc("tessera_gpu_memory_used_bytes", "GPU memory in use, all processes.", gpuLabels, nil)
+	descMemTotal  = prometheus.NewDesc("tessera_gpu_memory_total_bytes", "GPU memory.", gpuLabels, nil)
+	descSM        = prometheus.NewDesc("tessera_gpu_sm_utilization_ratio", "Share of the sample period in which a kernel ran on the GPU (NVML GPU utilization), 0-1.", gpuLabels, nil)
+	descTemp      = prometheus.NewDesc("tessera_gpu_temperature_celsius", "GPU core temperature.", gpuLabels, nil)
+	descPower     = prometheus.NewDesc("tessera_gpu_power_watts", "GPU board power draw.", gpuLabels, nil)
+	descThrottled = prometheus.NewDesc("tessera_gpu_throttled", "1 when the GPU's clocks are held down by power or heat.", gpuLabels, nil)
+	descStall     = prometheus.NewDesc("tessera_gpu_stall_ratio", "Over the stall window, the fraction of busy samples with clocks held down by power or heat (see README).", gpuLabels, nil)
+	descSlices    = prometheus.NewDesc("tessera_gpu_slices", "Slices the GPU is advertised as.", gpuLabels, nil)
+	descAlloc     = prometheus.NewDesc("tessera_gpu_slices_allocated", "Slices of the GPU handed to containers.", gpuLabels, nil)
+	descHealthy   = prometheus.NewDesc("tessera_gpu_healthy", "1 when the GPU takes slices; 0 after a fault (until the quiet period passes) or while it is lost.", gpuLabels, nil)
+	descTMem      = prometheus.NewDesc("tessera_container_gpu_memory_used_bytes", "GPU memory used by a container's processes on one GPU.", tenantLabels, nil)
+	descTSM       = prometheus.NewDesc("tessera_container_gpu_sm_utilization_ratio", "SM utilization of a container's processes on one GPU over the last sample period, 0-1.", tenantLabels, nil)
+)
+
+// Describe implements prometheus.Collector.
+func (s *Sampler) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descMemUsed, descMemTotal, descSM, descTemp, descPower, descThrottled, descStall, descSlices, descAlloc, descHealthy, descTMem, descTSM} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector from the last pass.
+func (s *Sampler) Collect(ch chan<- prometheus.Metric) {
+	s.mu.Lock()
+	snap := s.snap
+	s.mu.Unlock()
+	const mib = 1 << 20
+	for _, g := range snap {
+		u := g.usage
+		l := []string{s.node, u.UUID, g.model, strconv.Itoa(u.Index)}
+		gauge := func(d *prometheus.Desc, v float64, labels []string) {
+			if !math.IsNaN(v) {
+				ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+			}
+		}
+		gauge(descHealthy, b2f(g.healthy), l)
+		if s.slices != nil {
+			gauge(descSlices, float64(g.slices[0]), l)
+			gauge(descAlloc, float64(g.slices[1]), l)
+		}
+		if u.Lost {
+			continue
+		}
+		gauge(descMemUsed, float64(u.MemoryUsedMiB)*mib, l)
+		gauge(descMemTotal, float64(u.MemoryTotalMiB)*mib, l)
+		gauge(descSM, u.SMUtil/100, l)
+		gauge(descTemp, u.TemperatureC, l)
+		gauge(descPower, u.PowerW, l)
+		gauge(descThrottled, b2f(u.Throttled()), l)
+		gauge(descStall, g.stall, l)
+		for t, tu := range g.tenants {
+			tl := append(append([]string{}, l...), t.Namespace, t.Pod, t.Container)
+			gauge(descTMem, float64(tu.memMiB)*mib, tl)
+			gauge(descTSM, tu.sm/100, tl)
+		}
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,80 @@
+// Package nvmltest fills in what go-nvml's whole-server mocks leave out —
+// usage, topology and event support — so tests of the agent can set each
+// GPU's readings, faults and processes.
+package nvmltest
+
+import (
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+)
+
+// Reading is what one mock GPU reports, set per test.
+type Reading struct {
+	SMCount  uint32
+	Used     uint64 // bytes
+	Util     uint32
+	TempC    uint32
+	PowerMW  uint32
+	Reasons  uint64
+	Procs    []gonvml.ProcessInfo
+	ProcUtil []gonvml.ProcessUtilizationSample
+	// Unsupported makes every optional reading NOT_SUPPORTED.
+	Unsupported bool
+	Lost        bool
+	NVLink      bool
+	Events      uint64 // supported event types
+}
+
+// Install sets the readings on a go-nvml whole-server mock (dgxa100,
+// dgxh100, dgxh200): the mocks answer identity and memory themselves and
+// leave usage, topology and events to the test, which r describes per GPU.
+func Install(srv *server.Server, r func(i int) *Reading) {
+	for i, dev := range srv.Devices {
+		d := dev.(*server.Device)
+		rd := r(i)
+		opt := func() gonvml.Return {
+			if rd.Unsupported {
+				return gonvml.ERROR_NOT_SUPPORTED
+			}
+			return gonvml.SUCCESS
+		}
+		d.GetAttributesFunc = func() (gonvml.DeviceAttributes, gonvml.Return) {
+			return gonvml.DeviceAttributes{MultiprocessorCount: rd.SMCount}, opt()
+		}
+		d.GetComputeModeFunc = func() (gonvml.ComputeMode, gonvml.Return) { return gonvml.COMPUTEMODE_DEFAULT, gonvml.SUCCESS }
+		total := d.MemoryInfo.Total
+		d.GetMemoryInfoFunc = func() (gonvml.Memory, gonvml.Return) {
+			if rd.Lost {
+				return gonvml.Memory{}, gonvml.ERROR_GPU_IS_LOST
+			}
+			return gonvml.Memory{Total: total, Used: rd.Used, Free: total - rd.Used}, gonvml.SUCCESS
+		}
+		d.GetUtilizationRatesFunc = func() (gonvml.Utilization, gonvml.Return) {
+			return gonvml.Utilization{Gpu: rd.Util}, opt()
+		}
+		d.GetTemperatureFunc = func(gonvml.TemperatureSensors) (uint32, gonvml.Return) { return rd.TempC, opt() }
+		d.GetPowerUsageFunc = func() (uint32, gonvml.Return) { return rd.PowerMW, opt() }
+		d.GetCurrentClocksEventReasonsFunc = func() (uint64, gonvml.Return) { return rd.Reasons, opt() }
+		d.GetComputeRunningProcessesFunc = func() ([]gonvml.ProcessInfo, gonvml.Return) { return rd.Procs, gonvml.SUCCESS }
+		d.GetProcessUtilizationFunc = func(since uint64) ([]gonvml.ProcessUtilizationSample, gonvml.Return) {
+			var out []gonvml.ProcessUtilizationSample
+			for _, s := range rd.ProcUtil {
+				if s.TimeStamp > since {
+					out = append(out, s)
+				}
+			}
+			if len(out) == 0 {
+				return nil, gonvml.ERROR_NOT_FOUND
+			}
+			return out, gonvml.SUCCESS
+		}
+		d.GetP2PStatusFunc = func(gonvml.Device, gonvml.GpuP2PCapsIndex) (gonvml.GpuP2PStatus, gonvml.Return) {
+			if !rd.NVLink {
+				return gonvml.P2P_STATUS_NOT_SUPPORTED, gonvml.SUCCESS
+			}
+			return gonvml.P2P_STATUS_OK, gonvml.SUCCESS
+		}
+		d.GetSupportedEventTypesFunc = func() (uint64, gonvml.Return) { return rd.Events, gonvml.SUCCESS }
+		d.RegisterEventsFunc = func(uint64, gonvml.EventSet) gonvml.Return { return gonvml.SUCCESS }
+	}
+}
