@@ -1,5 +1,6 @@
 // Command tessera is the operator's tool: `tessera sim` replays a GPU-sharing
-// trace through Tessera's allocator and compares scoring policies.
+// trace through Tessera's allocator and compares scoring policies; `tessera
+// gpus` reads the node's GPUs through NVML as the agent does.
 package main
 
 import (
@@ -13,12 +14,14 @@ const (
 	exitOK    = 0
 	exitError = 1 // the command ran and failed (bad trace, I/O)
 	exitUsage = 2 // the command line is wrong
+	// exitNoDriver (3, gpus.go): NVML could not be loaded.
 )
 
 const usage = `tessera — fine-grained GPU sharing for Kubernetes
 
 Usage:
   tessera sim [flags]     replay a trace (or the built-in workload) through the allocator
+  tessera gpus [flags]    read this node's GPUs through NVML as the agent does
   tessera version         print the version
 
 Run 'tessera sim -h' for the simulator's flags.
@@ -39,6 +42,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "sim":
 		return runSim(args[1:], stdout, stderr)
+	case "gpus":
+		return runGPUs(args[1:], stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, version)
 		return exitOK

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
+)
+
+// exitNoDriver: NVML could not be loaded (no NVIDIA driver here).
+const exitNoDriver = 3
+
+// newNVML opens the real driver's NVML; tests replace it with a mock server.
+var newNVML = func() gonvml.Interface { return gonvml.New() }
+
+// runGPUs is `tessera gpus`: what the agent reads from this node's GPUs —
+// inventory, then usage samples — through the same code the agent runs. On a
+// GPU node it is the check that the driver answers what Tessera needs.
+func runGPUs(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("tessera gpus", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	samples := fs.Int("samples", 3, "usage samples to take")
+	interval := fs.Duration("interval", 500*time.Millisecond, "time between samples")
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	if *samples < 0 || *interval <= 0 {
+		fmt.Fprintln(stderr, "tessera gpus: --samples must be ≥ 0 and --interval positive")
+		return exitUsage
+	}
+	c, err := nvml.New(newNVML())
+	if errors.Is(err, nvml.ErrNoDriver) {
+		fmt.Fprintf(stderr, "tessera gpus: %v\n", err)
+		return exitNoDriver
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "tessera gpus: %v\n", err)
+		return exitError
+	}
+	defer c.Close()
+	devs, err := c.Devices()
+	if err != nil {
+		fmt.Fprintf(stderr, "tessera gpus: %v\n", err)
+	}
+	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "INDEX\tUUID\tMODEL\tMEMORY MiB\tSMs\tMIG\tCOMPUTE MODE\tNVLINK PEERS")
+	for _, d := range devs {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%v\t%s\t%v\n", d.Index, d.UUID, d.Model, d.MemoryMiB, d.SMCount, d.MIGEnabled, computeMode(d.ComputeMode), d.NVLinkPeers)
+	}
+	tw.Flush()
+	for i := range *samples {
+		if i > 0 {
+			time.Sleep(*interval)
+		}
+		us, err := c.Sample()
+		if err != nil {
+			fmt.Fprintf(stderr, "tessera gpus: %v\n", err)
+		}
+		fmt.Fprintf(stdout, "\nsample %d at %s\n", i+1, time.Now().Format(time.RFC3339Nano))
+		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "INDEX\tMEM USED MiB\tSM %\tTEMP °C\tPOWER W\tTHROTTLED\tPROCESSES (pid:MiB:SM%)")
+		for _, u := range us {
+			if u.Lost {
+				fmt.Fprintf(tw, "%d\tlost\t\t\t\t\t\n", u.Index)
+				continue
+			}
+			var procs []string
+			for _, p := range u.Processes {
+				procs = append(procs, fmt.Sprintf("%d:%d:%s", p.PID, p.MemoryMiB, reading(p.SMUtil)))
+			}
+			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%v\t%s\n", u.Index, u.MemoryUsedMiB, reading(u.SMUtil), reading(u.TemperatureC), reading(u.PowerW), u.Throttled(), strings.Join(procs, " "))
+		}
+		tw.Flush()
+	}
+	return exitOK
+}
+
+// reading prints a reading, or "n/a" where the GPU does not report it.
+func reading(v float64) string {
+	if math.IsNaN(v) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func computeMode(m gonvml.ComputeMode) string {
+	switch m {
+	case gonvml.COMPUTEMODE_DEFAULT:
+		return "default"
+	case gonvml.COMPUTEMODE_EXCLUSIVE_PROCESS:
+		return "exclusive-process"
+	case gonvml.COMPUTEMODE_PROHIBITED:
+		return "prohibited"
+	}
+	return fmt.Sprint(int(m))
+}

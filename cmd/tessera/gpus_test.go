@@ -1,0 +1,49 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
+
+	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
+)
+
+func TestGPUsReadsTheMockServer(t *testing.T) {
+	srv := dgxh200.New()
+	nvmltest.Install(srv, func(i int) *nvmltest.Reading {
+		r := &nvmltest.Reading{SMCount: 132, Util: 40, TempC: 55, PowerMW: 500000, NVLink: true}
+		if i == 3 {
+			r.Procs = []gonvml.ProcessInfo{{Pid: 4242, UsedGpuMemory: 2 << 30}}
+		}
+		return r
+	})
+	defer func(f func() gonvml.Interface) { newNVML = f }(newNVML)
+	newNVML = func() gonvml.Interface { return srv }
+	code, out, errOut := runCLI(t, "gpus", "--samples", "2", "--interval", "1ms")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"NVIDIA H200 141GB HBM3e", "144384", "[0 1 2 4 5 6 7]", "sample 2", "4242:2048:n/a"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestGPUsWithoutADriver runs the real NVML loader: on a machine without
+// the NVIDIA driver (CI) it must say so and exit 3; on a GPU node it reads.
+func TestGPUsWithoutADriver(t *testing.T) {
+	code, out, errOut := runCLI(t, "gpus", "--samples", "0")
+	switch code {
+	case exitNoDriver:
+		if !strings.Contains(errOut, "no NVIDIA driver") {
+			t.Errorf("stderr %q does not say what is missing", errOut)
+		}
+	case exitOK:
+		t.Logf("a driver is present:\n%s", out)
+	default:
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+}

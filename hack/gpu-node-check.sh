@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Reads a GPU node through Tessera's NVML layer (the code the agent runs) and
+# prints nvidia-smi's view beside it, so the two can be compared by eye. It
+# builds only cmd/tessera (no Kubernetes packages): seconds, not minutes.
+# Usage: hack/gpu-node-check.sh [samples]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+samples=${1:-4}
+go build -o bin/tessera ./cmd/tessera 2>/dev/null
+echo "== tessera gpus --samples $samples"
+./bin/tessera gpus --samples "$samples" --interval 500ms || echo "tessera gpus exited $?"
+if command -v nvidia-smi >/dev/null; then
+	echo
+	echo "== nvidia-smi"
+	nvidia-smi --query-gpu=index,uuid,name,memory.total,memory.used,utilization.gpu,temperature.gpu,power.draw,compute_mode,mig.mode.current \
+		--format=csv
+	nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory --format=csv || true
+fi
