@@ -28,9 +28,9 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-## bench: the allocator's Go benchmarks (compare runs with benchstat).
+## bench: the allocator's and the agent's Go benchmarks (compare runs with benchstat).
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./pkg/allocator/
+	$(GO) test -run '^$$' -bench . -benchmem ./pkg/allocator/ ./pkg/agent/metrics/
 
 ## bench-sim: time one policy × one seed over the openb default trace, cached and plain.
 bench-sim: build
