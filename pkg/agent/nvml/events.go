@@ -33,35 +33,23 @@ func (c *Client) WatchEvents(ctx context.Context, fn func(Event)) error {
 		return fmt.Errorf("NVML event set: %s", errorString(c.lib, ret))
 	}
 	defer set.Free()
-	n, ret := c.lib.DeviceGetCount()
-	if ret != gonvml.SUCCESS {
-		return fmt.Errorf("NVML device count: %s", errorString(c.lib, ret))
-	}
 	watched := 0
-	var errs []error
-	for i := range n {
-		d, ret := c.lib.DeviceGetHandleByIndex(i)
-		if ret != gonvml.SUCCESS {
-			errs = append(errs, fmt.Errorf("GPU %d: handle: %s", i, errorString(c.lib, ret)))
-			continue
-		}
+	err := c.eachDevice(func(i int, d gonvml.Device) error {
 		supported, ret := d.GetSupportedEventTypes()
 		if ret != gonvml.SUCCESS {
-			errs = append(errs, fmt.Errorf("GPU %d: event types: %s", i, errorString(c.lib, ret)))
-			continue
+			return fmt.Errorf("event types: %s", errorString(c.lib, ret))
 		}
 		if supported&watchedEvents == 0 {
-			errs = append(errs, fmt.Errorf("GPU %d supports neither XID nor ECC events", i))
-			continue
+			return errors.New("supports neither XID nor ECC events")
 		}
 		if ret := d.RegisterEvents(supported&watchedEvents, set); ret != gonvml.SUCCESS {
-			errs = append(errs, fmt.Errorf("GPU %d: register events: %s", i, errorString(c.lib, ret)))
-			continue
+			return fmt.Errorf("register events: %s", errorString(c.lib, ret))
 		}
 		watched++
-	}
-	if watched == 0 && n > 0 {
-		return fmt.Errorf("no GPU can be watched for faults: %w", errors.Join(errs...))
+		return nil
+	})
+	if watched == 0 && err != nil {
+		return fmt.Errorf("no GPU can be watched for faults: %w", err)
 	}
 	for ctx.Err() == nil {
 		data, ret := set.Wait(waitMillis)

@@ -95,28 +95,21 @@ func (d DeviceInfo) Device(healthy, mps bool) gpu.Device {
 // answer is left out and its error returned alongside the others, so one
 // lost GPU does not hide the node's seven good ones.
 func (c *Client) Devices() ([]DeviceInfo, error) {
-	n, ret := c.lib.DeviceGetCount()
-	if ret != gonvml.SUCCESS {
-		return nil, fmt.Errorf("NVML device count: %s", errorString(c.lib, ret))
-	}
 	var (
 		out     []DeviceInfo
 		handles []gonvml.Device
-		errs    []error
 	)
-	for i := range n {
-		d, ret := c.lib.DeviceGetHandleByIndex(i)
-		if ret != gonvml.SUCCESS {
-			errs = append(errs, fmt.Errorf("GPU %d: handle: %s", i, errorString(c.lib, ret)))
-			continue
-		}
+	err := c.eachDevice(func(i int, d gonvml.Device) error {
 		info, err := c.deviceInfo(i, d)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("GPU %d: %w", i, err))
-			continue
+			return err
 		}
 		out = append(out, info)
 		handles = append(handles, d)
+		return nil
+	})
+	if out == nil && err != nil {
+		return nil, err
 	}
 	// NVLink peers: P2P over NVLink between every pair NVML reports OK. This
 	// covers direct links and NVSwitch fabrics alike, where the remote end of
@@ -132,7 +125,29 @@ func (c *Client) Devices() ([]DeviceInfo, error) {
 			}
 		}
 	}
-	return out, errors.Join(errs...)
+	return out, err
+}
+
+// eachDevice calls fn with every GPU's index and handle. A GPU whose handle
+// or fn fails is skipped; the failures come back joined, each naming its GPU.
+// Only failing to count the GPUs stops it before the first.
+func (c *Client) eachDevice(fn func(i int, d gonvml.Device) error) error {
+	n, ret := c.lib.DeviceGetCount()
+	if ret != gonvml.SUCCESS {
+		return fmt.Errorf("NVML device count: %s", errorString(c.lib, ret))
+	}
+	var errs []error
+	for i := range n {
+		d, ret := c.lib.DeviceGetHandleByIndex(i)
+		if ret != gonvml.SUCCESS {
+			errs = append(errs, fmt.Errorf("GPU %d: handle: %s", i, errorString(c.lib, ret)))
+			continue
+		}
+		if err := fn(i, d); err != nil {
+			errs = append(errs, fmt.Errorf("GPU %d: %w", i, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (c *Client) deviceInfo(i int, d gonvml.Device) (DeviceInfo, error) {
@@ -217,27 +232,18 @@ func (u DeviceUsage) Throttled() bool { return u.ClockEventReasons&slowdownReaso
 // with Lost set (GPU_IS_LOST) or left out with an error, never fatal to the
 // pass.
 func (c *Client) Sample() ([]DeviceUsage, error) {
-	n, ret := c.lib.DeviceGetCount()
-	if ret != gonvml.SUCCESS {
-		return nil, fmt.Errorf("NVML device count: %s", errorString(c.lib, ret))
-	}
-	out := make([]DeviceUsage, 0, n)
-	var errs []error
-	for i := range n {
-		d, ret := c.lib.DeviceGetHandleByIndex(i)
-		if ret != gonvml.SUCCESS {
-			errs = append(errs, fmt.Errorf("GPU %d: handle: %s", i, errorString(c.lib, ret)))
-			continue
-		}
+	var out []DeviceUsage
+	err := c.eachDevice(func(i int, d gonvml.Device) error {
 		u, err := c.sampleDevice(i, d)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("GPU %d: %w", i, err))
-		}
 		if u.UUID != "" {
 			out = append(out, u)
 		}
+		return err
+	})
+	if out == nil && err != nil {
+		return nil, err
 	}
-	return out, errors.Join(errs...)
+	return out, err
 }
 
 func (c *Client) sampleDevice(i int, d gonvml.Device) (DeviceUsage, error) {
