@@ -13,7 +13,7 @@ import (
 // gauge reads one series from the registry the scheduler's /metrics endpoint
 // serves (the scheduler runs in this process). labels nil matches the
 // unlabelled series. It returns -1 when the series is missing.
-func gauge(t *testing.T, name string, labels map[string]string) float64 {
+func gauge(t testing.TB, name string, labels map[string]string) float64 {
 	t.Helper()
 	families, err := legacyregistry.DefaultGatherer.Gather()
 	if err != nil {

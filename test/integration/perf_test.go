@@ -102,6 +102,11 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 	b.ReportMetric(attemptP99(b, baseline)*1000, "baseline-p99-ms")
 	b.ReportMetric(attemptP99(b, tesseraScheduler)*1000, "tessera-p99-ms")
 	b.ReportMetric(0, "ns/op") // one run, not per-op
+	for _, profile := range []string{baseline, tesseraScheduler} {
+		for _, result := range []string{"scheduled", "unschedulable", "error"} {
+			b.Logf("%s attempts %s: %v", profile, result, gauge(b, "scheduler_schedule_attempts_total", map[string]string{"profile": profile, "result": result}))
+		}
+	}
 }
 
 // addPerfNode registers a node with gpus GPUs, advertised both as the plain
