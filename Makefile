@@ -3,15 +3,23 @@
 GO ?= go
 OPENB ?= ../shared/traces/openb
 
-.PHONY: demo test test-short bench bench-sim bench-scheduler fuzz build vet fmt-check openb clean
+.PHONY: demo test test-short rules promtool bench bench-sim bench-scheduler fuzz build vet fmt-check openb clean
 
 ## demo: replay the built-in synthetic workload through every policy and print the summary.
 demo:
 	$(GO) run ./cmd/tessera sim --seeds 42-46
 
-## test: every test of the repository (vet and formatting first); the openb replays need ../shared.
-test: vet fmt-check
+## test: every test of the repository (vet, formatting and the Prometheus rules first); the openb replays need ../shared.
+test: vet fmt-check rules
 	$(GO) test -count=1 ./...
+
+## rules: check and unit-test the shipped Prometheus rules with promtool (installs Debian's prometheus if missing).
+rules: promtool
+	cd deploy/prometheus && promtool check rules tessera-rules.yaml && promtool test rules tessera-rules_test.yaml
+
+promtool:
+	@command -v promtool >/dev/null || { echo "installing promtool (Debian package prometheus)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 
 ## test-short: the unit tests without the trace replays.
 test-short:
