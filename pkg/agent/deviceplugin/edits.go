@@ -1,0 +1,127 @@
+package deviceplugin
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+)
+
+// CDIKind is the CDI vendor/class of Tessera's slot devices: Allocate answers
+// "tessera.dev/gpu=<slot>" and the container runtime resolves that name from
+// the spec PreStartContainer writes for the slot.
+const CDIKind = "tessera.dev/gpu"
+
+// MPSPipeDirInContainer is where an MPS client finds its GPU's daemon.
+const MPSPipeDirInContainer = "/tmp/nvidia-mps"
+
+// Edits is what a container gets for its GPU assignment: the GPUs it may see
+// and, for MPS clients, its daemon's pipe directory and its limits.
+type Edits struct {
+	Env    []string `json:"env"`
+	Mounts []Mount  `json:"mounts,omitempty"`
+	// Enforced says whether a driver mechanism enforces the slice's limits
+	// (MPS client limits); time-sliced slices are accounted, not enforced.
+	Enforced bool `json:"-"`
+}
+
+// Mount is a CDI bind mount.
+type Mount struct {
+	HostPath      string   `json:"hostPath"`
+	ContainerPath string   `json:"containerPath"`
+	Options       []string `json:"options,omitempty"`
+}
+
+// PipeDir gives the host pipe directory of a GPU's MPS daemon.
+type PipeDir func(uuid string) string
+
+// EditsFor turns one container's assignment into its edits. The GPUs are
+// listed in the order of the assignment, so ordinal i inside the container is
+// the assignment's i-th GPU: MPS limits are keyed by that ordinal.
+func EditsFor(c gpu.ContainerAssignment, pipeDir PipeDir) (Edits, error) {
+	if len(c.GPUs) == 0 {
+		return Edits{}, fmt.Errorf("container %s: assignment names no GPU", c.Name)
+	}
+	uuids := make([]string, len(c.GPUs))
+	for i, g := range c.GPUs {
+		uuids[i] = g.UUID
+	}
+	e := Edits{Env: []string{"NVIDIA_VISIBLE_DEVICES=" + strings.Join(uuids, ",")}}
+	switch c.Mode {
+	case gpu.ModeExclusive:
+		e.Enforced = true
+	case gpu.ModeMPS:
+		// One MPS daemon per GPU: a multi-GPU MPS container would need two
+		// pipe directories, which CUDA does not support.
+		if len(c.GPUs) != 1 {
+			return Edits{}, fmt.Errorf("container %s: MPS assignment over %d GPUs; an MPS client reaches one daemon", c.Name, len(c.GPUs))
+		}
+		g := c.GPUs[0]
+		e.Env = append(e.Env,
+			"CUDA_MPS_PIPE_DIRECTORY="+MPSPipeDirInContainer,
+			"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="+strconv.Itoa(int((g.CoresPerMille+9)/10)),
+			fmt.Sprintf("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=%dM", g.MemoryMiB))
+		e.Mounts = []Mount{{HostPath: pipeDir(g.UUID), ContainerPath: MPSPipeDirInContainer, Options: []string{"rbind", "rw"}}}
+		e.Enforced = true
+	case gpu.ModeTimeSlicing:
+		// Recorded for an in-container limiter; no driver mechanism enforces
+		// them on a time-sliced GPU.
+		var mem, cores []string
+		for i, g := range c.GPUs {
+			mem = append(mem, fmt.Sprintf("%d=%d", i, g.MemoryMiB))
+			cores = append(cores, fmt.Sprintf("%d=%d", i, (g.CoresPerMille+9)/10))
+		}
+		e.Env = append(e.Env, "TESSERA_GPU_MEMORY_LIMIT_MIB="+strings.Join(mem, ","), "TESSERA_GPU_CORES_PERCENT="+strings.Join(cores, ","))
+	default:
+		return Edits{}, fmt.Errorf("container %s: unknown sharing mode %q", c.Name, c.Mode)
+	}
+	sort.Strings(e.Env[1:])
+	return e, nil
+}
+
+// cdiSpec is the subset of the CDI specification the slots use.
+type cdiSpec struct {
+	Version string      `json:"cdiVersion"`
+	Kind    string      `json:"kind"`
+	Devices []cdiDevice `json:"devices"`
+}
+
+type cdiDevice struct {
+	Name           string `json:"name"`
+	ContainerEdits Edits  `json:"containerEdits"`
+}
+
+// WriteSpec writes the CDI spec of the slots a container holds, all carrying
+// the container's edits, atomically (write then rename), in dir.
+func WriteSpec(dir string, slots []string, e Edits) error {
+	spec := cdiSpec{Version: "0.6.0", Kind: CDIKind}
+	for _, s := range slots {
+		spec.Devices = append(spec.Devices, cdiDevice{Name: s, ContainerEdits: e})
+	}
+	b, err := json.MarshalIndent(spec, "", "  ")
+	if err != nil {
+		return err
+	}
+	path := SpecPath(dir, slots)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// SpecPath is where the spec of a container's slots lives: one file per
+// container, named after its first slot.
+func SpecPath(dir string, slots []string) string {
+	s := append([]string(nil), slots...)
+	sort.Strings(s)
+	return filepath.Join(dir, "tessera-"+s[0]+".json")
+}

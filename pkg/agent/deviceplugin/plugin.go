@@ -1,0 +1,263 @@
+// Package deviceplugin is the agent's kubelet device plugin (API v1beta1) for
+// tessera.dev/gpu.
+//
+// Kubelet's Allocate names devices, not the pod they are for, and several
+// pods bound to one node are admitted in an order the agent cannot know. So
+// the plugin does not guess. Its devices are slots — interchangeable tokens
+// of GPU capacity, as many per GPU as the GPU has slices — and the identity
+// of their holder comes from kubelet itself:
+//
+//  1. Allocate answers, for each slot, the CDI device tessera.dev/gpu=<slot>;
+//     nothing in that answer depends on the pod.
+//  2. PreStartContainer (required at registration) runs after kubelet has
+//     recorded which container holds which slots and before the container is
+//     created. The plugin asks kubelet's pod-resources API which container
+//     holds exactly these slots, reads that pod's assignment (written by the
+//     scheduler at bind, which users cannot forge past it), and writes the
+//     CDI spec of the slots: the assigned GPUs and, for MPS clients, the pipe
+//     directory and the per-client thread and memory limits.
+//  3. The runtime resolves tessera.dev/gpu=<slot> from that spec when it
+//     creates the container.
+//
+// No step takes a lock across pods: 50 pods bound at once are 50 independent
+// lookups. A container whose slots match no assignment fails PreStartContainer
+// with a reason kubelet shows on the pod, and never starts with a guessed GPU.
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/podgpu"
+)
+
+// ResourceName is the extended resource the plugin serves.
+const ResourceName = gpu.ResourceGPU
+
+// GPUSlots is one GPU as advertised: its slots and whether it takes work.
+type GPUSlots struct {
+	UUID    string
+	Slices  int
+	Healthy bool
+}
+
+// SlotID names slot k of a GPU.
+func SlotID(uuid string, k int) string { return fmt.Sprintf("%s-s%d", uuid, k) }
+
+// Holder says which container kubelet has given a set of device IDs: the
+// agent asks kubelet's pod-resources API.
+type Holder interface {
+	// HolderOf returns the namespace, pod and container name holding
+	// exactly these IDs of resource.
+	HolderOf(ctx context.Context, resource string, ids []string) (namespace, pod, container string, err error)
+}
+
+// Pods returns a pod of this node by namespace and name (the agent's
+// informer), or nil.
+type Pods func(namespace, name string) *v1.Pod
+
+// Plugin is the device plugin. Create it with New.
+type Plugin struct {
+	pluginapi.UnimplementedDevicePluginServer
+
+	node    string
+	holder  Holder
+	pods    Pods
+	pipeDir PipeDir
+	cdiDir  string
+
+	mu      sync.Mutex
+	gpus    []GPUSlots
+	version uint64
+	changed chan struct{} // closed and replaced on every change
+}
+
+// Config is what a Plugin needs.
+type Config struct {
+	Node    string
+	Holder  Holder
+	Pods    Pods
+	PipeDir PipeDir
+	// CDIDir is where slot specs are written (/var/run/cdi on a node).
+	CDIDir string
+}
+
+// New returns a plugin advertising nothing until SetGPUs.
+func New(c Config) *Plugin {
+	return &Plugin{node: c.Node, holder: c.Holder, pods: c.Pods, pipeDir: c.PipeDir, cdiDir: c.CDIDir, changed: make(chan struct{})}
+}
+
+// SetGPUs replaces what is advertised; ListAndWatch streams the change to
+// kubelet at once (a faulted GPU's slots turn unhealthy together).
+func (p *Plugin) SetGPUs(gpus []GPUSlots) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.gpus = slices.Clone(gpus)
+	p.version++
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+func (p *Plugin) devices() ([]*pluginapi.Device, chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []*pluginapi.Device
+	for _, g := range p.gpus {
+		health := pluginapi.Healthy
+		if !g.Healthy {
+			health = pluginapi.Unhealthy
+		}
+		for k := range g.Slices {
+			out = append(out, &pluginapi.Device{ID: SlotID(g.UUID, k), Health: health})
+		}
+	}
+	return out, p.changed
+}
+
+// Options is what the plugin registers with: PreStartContainer is where the
+// container's holder is known.
+func Options() *pluginapi.DevicePluginOptions {
+	return &pluginapi.DevicePluginOptions{PreStartRequired: true, GetPreferredAllocationAvailable: true}
+}
+
+// GetDevicePluginOptions implements the device plugin API.
+func (p *Plugin) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*pluginapi.DevicePluginOptions, error) {
+	return Options(), nil
+}
+
+// ListAndWatch streams the slots, again on every change, until kubelet hangs
+// up.
+func (p *Plugin) ListAndWatch(_ *pluginapi.Empty, stream pluginapi.DevicePlugin_ListAndWatchServer) error {
+	for {
+		devs, changed := p.devices()
+		if err := stream.Send(&pluginapi.ListAndWatchResponse{Devices: devs}); err != nil {
+			return err
+		}
+		select {
+		case <-changed:
+		case <-stream.Context().Done():
+			return nil
+		}
+	}
+}
+
+// GetPreferredAllocation: slots are interchangeable tokens (the GPU comes
+// from the assignment at PreStartContainer), so any choice is correct. It
+// takes the required slots, then slots of the GPUs with the most free ones,
+// lowest IDs first: deterministic, and spreading kubelet's tokens so that a
+// GPU turning unhealthy takes as few held slots with it as possible.
+func (p *Plugin) GetPreferredAllocation(_ context.Context, req *pluginapi.PreferredAllocationRequest) (*pluginapi.PreferredAllocationResponse, error) {
+	resp := &pluginapi.PreferredAllocationResponse{}
+	for _, cr := range req.ContainerRequests {
+		chosen := slices.Clone(cr.MustIncludeDeviceIDs)
+		free := map[string][]string{} // GPU → available slots
+		for _, id := range cr.AvailableDeviceIDs {
+			if slices.Contains(chosen, id) {
+				continue
+			}
+			g := gpuOf(id)
+			free[g] = append(free[g], id)
+		}
+		gpus := make([]string, 0, len(free))
+		for g := range free {
+			gpus = append(gpus, g)
+			sort.Strings(free[g])
+		}
+		sort.Slice(gpus, func(i, j int) bool {
+			if len(free[gpus[i]]) != len(free[gpus[j]]) {
+				return len(free[gpus[i]]) > len(free[gpus[j]])
+			}
+			return gpus[i] < gpus[j]
+		})
+		for _, g := range gpus {
+			for _, id := range free[g] {
+				if len(chosen) >= int(cr.AllocationSize) {
+					break
+				}
+				chosen = append(chosen, id)
+			}
+		}
+		resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerPreferredAllocationResponse{DeviceIDs: chosen})
+	}
+	return resp, nil
+}
+
+func gpuOf(slot string) string {
+	if i := strings.LastIndex(slot, "-s"); i > 0 {
+		return slot[:i]
+	}
+	return slot
+}
+
+// Allocate answers each container's slots with their CDI names; what the
+// names resolve to is written at PreStartContainer, when the holder is known.
+func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+	resp := &pluginapi.AllocateResponse{}
+	for _, cr := range req.ContainerRequests {
+		car := &pluginapi.ContainerAllocateResponse{}
+		for _, id := range cr.DevicesIds {
+			car.CdiDevices = append(car.CdiDevices, &pluginapi.CDIDevice{Name: CDIKind + "=" + id})
+		}
+		resp.ContainerResponses = append(resp.ContainerResponses, car)
+	}
+	return resp, nil
+}
+
+// ErrNoAssignment says a container holds slots its pod's assignment does not
+// cover: the pod was not placed by tessera-scheduler, or its assignment is
+// for another node.
+var ErrNoAssignment = errors.New("no Tessera GPU assignment covers this container")
+
+// PreStartContainer finds the container holding the slots and writes their
+// CDI spec from its pod's assignment.
+func (p *Plugin) PreStartContainer(ctx context.Context, req *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
+	ns, name, container, err := p.holder.HolderOf(ctx, ResourceName, req.DevicesIds)
+	if err != nil {
+		return nil, fmt.Errorf("which container holds %s %v: %w", ResourceName, req.DevicesIds, err)
+	}
+	logger := klog.FromContext(ctx).WithValues("pod", klog.KRef(ns, name), "container", container)
+	e, err := p.editsFor(ns, name, container, len(req.DevicesIds))
+	if err != nil {
+		logger.Error(err, "Refusing GPU slots")
+		return nil, err
+	}
+	if err := WriteSpec(p.cdiDir, req.DevicesIds, e); err != nil {
+		return nil, fmt.Errorf("write CDI spec for pod %s/%s container %s: %w", ns, name, container, err)
+	}
+	logger.V(2).Info("GPU slots prepared", "slots", req.DevicesIds, "env", e.Env, "enforced", e.Enforced)
+	return &pluginapi.PreStartContainerResponse{}, nil
+}
+
+func (p *Plugin) editsFor(ns, name, container string, slots int) (Edits, error) {
+	pod := p.pods(ns, name)
+	if pod == nil {
+		return Edits{}, fmt.Errorf("pod %s/%s: not known to the agent yet: %w", ns, name, ErrNoAssignment)
+	}
+	a, err := podgpu.BoundAssignment(pod)
+	if err != nil {
+		return Edits{}, fmt.Errorf("pod %s/%s: %w", ns, name, err)
+	}
+	if a == nil || a.Node != p.node {
+		return Edits{}, fmt.Errorf("pod %s/%s (bound to %q) was not placed here by tessera-scheduler: %w", ns, name, pod.Spec.NodeName, ErrNoAssignment)
+	}
+	for _, c := range a.Containers {
+		if c.Name != container {
+			continue
+		}
+		if len(c.GPUs) != slots {
+			return Edits{}, fmt.Errorf("pod %s/%s container %s holds %d slots but is assigned %d GPUs", ns, name, container, slots, len(c.GPUs))
+		}
+		return EditsFor(c, p.pipeDir)
+	}
+	return Edits{}, fmt.Errorf("pod %s/%s container %s: %w", ns, name, container, ErrNoAssignment)
+}
