@@ -1,0 +1,160 @@
+package mps
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// controlBinary is the real nvidia-cuda-mps-control when this machine has
+// one, else the stand-in built from testdata/fakecontrol (usingFake).
+var (
+	controlBinary string
+	usingFake     bool
+)
+
+func TestMain(m *testing.M) {
+	if p, err := exec.LookPath(DefaultBinary); err == nil && os.Getenv("TESSERA_FAKE_MPS") == "" {
+		controlBinary = p
+	} else {
+		dir, err := os.MkdirTemp("", "fakecontrol")
+		if err != nil {
+			panic(err)
+		}
+		controlBinary, usingFake = filepath.Join(dir, "nvidia-cuda-mps-control"), true
+		if out, err := exec.Command("go", "build", "-o", controlBinary, "./testdata/fakecontrol").CombinedOutput(); err != nil {
+			panic(string(out))
+		}
+		code := m.Run()
+		os.RemoveAll(dir)
+		os.Exit(code)
+	}
+	os.Exit(m.Run())
+}
+
+func controlLog(t *testing.T, m *Manager, uuid string) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(m.LogDir(uuid), "control.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(strings.TrimSpace(string(b)), "\n")
+}
+
+func TestDaemonsPerGPUWithDefaultsAndRestart(t *testing.T) {
+	if !usingFake {
+		t.Skip("the real MPS daemon is checked by hack/gpu-node-check.sh on a GPU node")
+	}
+	root := t.TempDir()
+	var (
+		mu        sync.Mutex
+		prepared  []string
+		restarted []string
+	)
+	m := New(Config{Binary: controlBinary, Root: root,
+		GPUs: []GPU{{UUID: "GPU-a", DefaultThreadPercentage: 50, DefaultPinnedMemMiB: 8192}, {UUID: "GPU-b", DefaultThreadPercentage: 25}},
+		PrepareGPU: func(uuid string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			prepared = append(prepared, uuid)
+			return nil
+		},
+		OnRestart: func(uuid string, _ error) {
+			mu.Lock()
+			defer mu.Unlock()
+			restarted = append(restarted, uuid)
+		},
+	})
+	ctx := context.Background()
+	if err := m.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Stop(ctx) })
+	if strings.Join(prepared, ",") != "GPU-a,GPU-b" {
+		t.Fatalf("compute mode set on %v", prepared)
+	}
+	// Each GPU has its own daemon, pipe and log, and got its own defaults.
+	if got := controlLog(t, m, "GPU-a"); strings.Join(got, "|") != "set_default_active_thread_percentage 50|set_default_device_pinned_mem_limit 0 8192M" {
+		t.Fatalf("GPU-a's daemon was told %q", got)
+	}
+	if got := controlLog(t, m, "GPU-b"); strings.Join(got, "|") != "set_default_active_thread_percentage 25" {
+		t.Fatalf("GPU-b's daemon was told %q", got)
+	}
+	if out, err := m.control(ctx, "GPU-b", "get_default_active_thread_percentage"); err != nil || out != "25" {
+		t.Fatalf("GPU-b default threads = %q, %v", out, err)
+	}
+
+	// A healthy check changes nothing.
+	m.Check(ctx)
+	if m.Restarts("GPU-a")+m.Restarts("GPU-b") != 0 {
+		t.Fatal("a healthy daemon was restarted")
+	}
+
+	// GPU-a's daemon dies: the next check restarts it with its defaults and
+	// reports it; GPU-b's is untouched.
+	pid := daemonPID(t, m, "GPU-a")
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, pid)
+	m.Check(ctx)
+	if m.Restarts("GPU-a") != 1 || m.Restarts("GPU-b") != 0 || strings.Join(restarted, ",") != "GPU-a" {
+		t.Fatalf("restarts a=%d b=%d, reported %v", m.Restarts("GPU-a"), m.Restarts("GPU-b"), restarted)
+	}
+	if daemonPID(t, m, "GPU-a") == pid {
+		t.Fatal("GPU-a's daemon was not restarted")
+	}
+	if out, err := m.control(ctx, "GPU-a", "get_default_active_thread_percentage"); err != nil || out != "50" {
+		t.Fatalf("restarted daemon's default threads = %q, %v", out, err)
+	}
+
+	// The agent restarts: Start finds the daemons running and keeps them.
+	pidB := daemonPID(t, m, "GPU-b")
+	m2 := New(m.cfg)
+	if err := m2.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if daemonPID(t, m2, "GPU-b") != pidB {
+		t.Fatal("a running daemon was replaced when the agent restarted")
+	}
+}
+
+func TestMissingBinaryIsAClearError(t *testing.T) {
+	m := New(Config{Binary: filepath.Join(t.TempDir(), "nvidia-cuda-mps-control"), Root: t.TempDir(), GPUs: []GPU{{UUID: "GPU-a"}}})
+	err := m.Start(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "GPU GPU-a: start MPS daemon") {
+		t.Fatalf("Start = %v", err)
+	}
+}
+
+func daemonPID(t *testing.T, m *Manager, uuid string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(m.PipeDir(uuid), "fake.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(string(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+func waitGone(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for syscall.Kill(pid, 0) == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d still alive", pid)
+		}
+		// A killed child of a detached session is reaped by init; poll.
+		time.Sleep(10 * time.Millisecond)
+	}
+}
