@@ -312,3 +312,15 @@ func (c *Client) sampleDevice(i int, d gonvml.Device) (DeviceUsage, error) {
 	}
 	return u, nil
 }
+
+// SetComputeMode sets a GPU's compute mode (MPS needs exclusive-process).
+func (c *Client) SetComputeMode(uuid string, m gonvml.ComputeMode) error {
+	d, ret := c.lib.DeviceGetHandleByUUID(uuid)
+	if ret != gonvml.SUCCESS {
+		return fmt.Errorf("GPU %s: handle: %s", uuid, errorString(c.lib, ret))
+	}
+	if ret := d.SetComputeMode(m); ret != gonvml.SUCCESS {
+		return fmt.Errorf("GPU %s: set compute mode: %s", uuid, errorString(c.lib, ret))
+	}
+	return nil
+}

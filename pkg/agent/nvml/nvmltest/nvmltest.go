@@ -23,6 +23,8 @@ type Reading struct {
 	Lost        bool
 	NVLink      bool
 	Events      uint64 // supported event types
+	// ComputeMode is what GetComputeMode answers and SetComputeMode sets.
+	ComputeMode gonvml.ComputeMode
 }
 
 // Install sets the readings on a go-nvml whole-server mock (dgxa100,
@@ -41,7 +43,8 @@ func Install(srv *server.Server, r func(i int) *Reading) {
 		d.GetAttributesFunc = func() (gonvml.DeviceAttributes, gonvml.Return) {
 			return gonvml.DeviceAttributes{MultiprocessorCount: rd.SMCount}, opt()
 		}
-		d.GetComputeModeFunc = func() (gonvml.ComputeMode, gonvml.Return) { return gonvml.COMPUTEMODE_DEFAULT, gonvml.SUCCESS }
+		d.GetComputeModeFunc = func() (gonvml.ComputeMode, gonvml.Return) { return rd.ComputeMode, gonvml.SUCCESS }
+		d.SetComputeModeFunc = func(m gonvml.ComputeMode) gonvml.Return { rd.ComputeMode = m; return gonvml.SUCCESS }
 		total := d.MemoryInfo.Total
 		d.GetMemoryInfoFunc = func() (gonvml.Memory, gonvml.Return) {
 			if rd.Lost {

@@ -1,0 +1,164 @@
+// Command tessera-agent is Tessera's node agent: it watches the node's GPUs
+// through NVML, serves the tessera.dev/gpu device plugin to kubelet, runs the
+// MPS daemons, publishes the node's GPU inventory for tessera-scheduler and
+// exports Prometheus metrics. It runs as a privileged DaemonSet pod with the
+// host PID namespace, kubelet's device-plugin and pod-resources directories
+// and the CDI spec directory mounted.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/tessera-gpu/tessera/pkg/agent"
+	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
+	"github.com/tessera-gpu/tessera/pkg/agent/mps"
+	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
+)
+
+const (
+	exitOK       = 0
+	exitError    = 1
+	exitUsage    = 2 // bad flags or configuration
+	exitNoDriver = 3 // NVML could not load and --allow-no-gpu is off
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stderr))
+}
+
+// newNVML opens the driver's NVML; tests replace it.
+var newNVML = func() gonvml.Interface { return gonvml.New() }
+
+func run(ctx context.Context, args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("tessera-agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		configPath   = fs.String("config", "", "TesseraConfiguration file (tessera.dev/v1alpha1); defaults when empty")
+		node         = fs.String("node", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
+		kubeconfig   = fs.String("kubeconfig", "", "kubeconfig; in-cluster configuration when empty")
+		metricsAddr  = fs.String("metrics-addr", ":9400", "address of the Prometheus endpoint")
+		pluginDir    = fs.String("device-plugin-dir", pluginapi.DevicePluginPath, "kubelet's device-plugin directory")
+		podResources = fs.String("pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet's pod-resources socket")
+		cdiDir       = fs.String("cdi-dir", "/var/run/cdi", "where the slots' CDI specs are written")
+		procRoot     = fs.String("proc", "/proc", "the host's /proc (host PID namespace)")
+		useMPS       = fs.Bool("mps", false, "run every GPU in MPS mode (one control daemon per GPU)")
+		mpsRoot      = fs.String("mps-root", "/run/tessera/mps", "holds each MPS daemon's pipe and log directories")
+		mpsBinary    = fs.String("mps-control", mps.DefaultBinary, "the MPS control program")
+		allowNoGPU   = fs.Bool("allow-no-gpu", false, "run as an empty node when NVML cannot load, instead of exiting")
+	)
+	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(klogFlags)
+	klogFlags.VisitAll(func(f *flag.Flag) { fs.Var(f.Value, f.Name, f.Usage) })
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	cfg := config.Default()
+	if *configPath != "" {
+		b, err := os.ReadFile(*configPath)
+		if err != nil {
+			fmt.Fprintf(stderr, "tessera-agent: %v\n", err)
+			return exitUsage
+		}
+		if cfg, err = config.Load(b); err != nil {
+			fmt.Fprintf(stderr, "tessera-agent: %s: %v\n", *configPath, err)
+			return exitUsage
+		}
+	}
+	if *node == "" {
+		fmt.Fprintln(stderr, "tessera-agent: --node (or $NODE_NAME, from the downward API) is required")
+		return exitUsage
+	}
+	restCfg, err := restConfig(*kubeconfig)
+	if err != nil {
+		fmt.Fprintf(stderr, "tessera-agent: %v\n", err)
+		return exitUsage
+	}
+	client, err := kubernetes.NewForConfig(restCfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "tessera-agent: %v\n", err)
+		return exitError
+	}
+
+	// This node's pods: their assignments (device plugin) and container IDs
+	// (per-tenant metrics).
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", *node).String()
+	}))
+	podInformer := factory.Core().V1().Pods()
+	lister := podInformer.Lister()
+	pods := func(ns, name string) *v1.Pod {
+		p, err := lister.Pods(ns).Get(name)
+		if err != nil {
+			return nil
+		}
+		return p
+	}
+	nodePods := func() []*v1.Pod {
+		ps, _ := lister.List(labels.Everything())
+		return ps
+	}
+	conn, err := grpc.NewClient("unix://"+*podResources, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		fmt.Fprintf(stderr, "tessera-agent: pod-resources: %v\n", err)
+		return exitError
+	}
+	defer conn.Close()
+
+	a, err := agent.New(agent.Options{
+		Node: *node, Config: cfg, Client: client, NVML: newNVML(), AllowNoGPU: *allowNoGPU,
+		MPS: *useMPS, MPSBinary: *mpsBinary, MPSRoot: *mpsRoot,
+		Holder: deviceplugin.PodResourcesHolder{Client: podresourcesapi.NewPodResourcesListerClient(conn)},
+		Pods:   pods, CDIDir: *cdiDir, ProcRoot: *procRoot, NodePods: nodePods,
+	})
+	switch {
+	case errors.Is(err, nvml.ErrNoDriver):
+		fmt.Fprintf(stderr, "tessera-agent: %v (run with --allow-no-gpu to serve an empty node)\n", err)
+		return exitNoDriver
+	case err != nil:
+		fmt.Fprintf(stderr, "tessera-agent: %v\n", err)
+		return exitError
+	}
+	factory.Start(ctx.Done())
+	factory.WaitForCacheSync(ctx.Done())
+	if err := a.Run(klog.NewContext(ctx, klog.Background()), *pluginDir, *metricsAddr); err != nil {
+		fmt.Fprintf(stderr, "tessera-agent: %v\n", err)
+		return exitError
+	}
+	return exitOK
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	c, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("not in a cluster and no --kubeconfig: %w", err)
+	}
+	return c, nil
+}

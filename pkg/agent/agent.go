@@ -1,0 +1,246 @@
+// Package agent wires the node agent together: NVML (pkg/agent/nvml), fault
+// handling (health), the device plugin, the MPS daemons, the metrics sampler
+// and the inventory it publishes for the scheduler. Each part is its own
+// package with its own tests; this one only connects them.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"reflect"
+	"sync"
+	"time"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
+	"github.com/tessera-gpu/tessera/pkg/agent/health"
+	"github.com/tessera-gpu/tessera/pkg/agent/metrics"
+	"github.com/tessera-gpu/tessera/pkg/agent/mps"
+	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
+	"github.com/tessera-gpu/tessera/pkg/agent/tenants"
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/inventory"
+)
+
+// Options configure an Agent.
+type Options struct {
+	Node   string
+	Config *config.Configuration
+	Client kubernetes.Interface
+	// NVML is gonvml.New() on a node, a mock server in tests.
+	NVML gonvml.Interface
+	// AllowNoGPU runs an empty node when NVML cannot load, instead of
+	// failing.
+	AllowNoGPU bool
+	// MPS runs every GPU in MPS mode, one daemon each; otherwise GPUs are
+	// time-sliced.
+	MPS       bool
+	MPSBinary string
+	MPSRoot   string
+	// Holder and Pods serve the device plugin's PreStartContainer.
+	Holder deviceplugin.Holder
+	Pods   deviceplugin.Pods
+	// CDIDir receives the slots' CDI specs.
+	CDIDir string
+	// ProcRoot is /proc with the host's PID namespace.
+	ProcRoot string
+	// NodePods lists this node's pods, for per-tenant metrics.
+	NodePods tenants.PodSource
+}
+
+// Agent is one node's agent.
+type Agent struct {
+	opts    Options
+	gpus    *nvml.Client // nil on an empty node
+	devices []nvml.DeviceInfo
+	health  *health.Tracker
+	Plugin  *deviceplugin.Plugin
+	MPS     *mps.Manager
+	Sampler *metrics.Sampler
+	reg     *prometheus.Registry
+
+	mu        sync.Mutex
+	published *gpu.NodeInventory
+}
+
+// New opens NVML and reads the GPUs. Without a driver it fails with
+// nvml.ErrNoDriver, unless AllowNoGPU asks for an empty node.
+func New(opts Options) (*Agent, error) {
+	cfg := opts.Config
+	a := &Agent{opts: opts, health: health.New(cfg.Health.IgnoredXids, cfg.Health.QuietPeriod.Duration), reg: prometheus.NewRegistry()}
+	c, err := nvml.New(opts.NVML)
+	switch {
+	case errors.Is(err, nvml.ErrNoDriver) && opts.AllowNoGPU:
+		klog.Background().Info("No NVIDIA driver; running as an empty node", "err", err)
+	case err != nil:
+		return nil, err
+	default:
+		a.gpus = c
+		a.devices, err = c.Devices()
+		if err != nil && a.devices == nil {
+			return nil, err
+		}
+		if err != nil {
+			klog.Background().Error(err, "Some GPUs could not be read; they are left out")
+		}
+	}
+	if opts.MPS && a.gpus != nil {
+		var gs []mps.GPU
+		for _, d := range a.devices {
+			if !d.MIGEnabled {
+				gs = append(gs, mps.GPU{UUID: d.UUID, DefaultThreadPercentage: 100})
+			}
+		}
+		a.MPS = mps.New(mps.Config{Binary: opts.MPSBinary, Root: opts.MPSRoot, GPUs: gs, PrepareGPU: a.exclusiveProcess,
+			OnRestart: func(uuid string, cause error) { mpsRestarts.WithLabelValues(opts.Node, uuid).Inc() }})
+	}
+	pipe := func(uuid string) string { return "" }
+	if a.MPS != nil {
+		pipe = a.MPS.PipeDir
+	}
+	a.Plugin = deviceplugin.New(deviceplugin.Config{Node: opts.Node, Holder: opts.Holder, Pods: opts.Pods, PipeDir: pipe, CDIDir: opts.CDIDir})
+	if a.gpus != nil {
+		var res *tenants.Resolver
+		if opts.NodePods != nil {
+			res = tenants.NewResolver(opts.ProcRoot, opts.NodePods)
+		}
+		a.Sampler = metrics.NewSampler(opts.Node, a.gpus, res, a.health, a.slices, cfg.Stall.Window.Duration)
+		a.reg.MustRegister(a.Sampler)
+	}
+	a.reg.MustRegister(mpsRestarts)
+	return a, nil
+}
+
+var mpsRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "tessera_mps_daemon_restarts_total", Help: "MPS control daemons found dead and restarted, per GPU.",
+}, []string{"node", "gpu"})
+
+func (a *Agent) exclusiveProcess(uuid string) error {
+	return a.gpus.SetComputeMode(uuid, gonvml.COMPUTEMODE_EXCLUSIVE_PROCESS)
+}
+
+// slicesPerGPU is what each healthy GPU is advertised as: the slice count's
+// ceiling (fragments.maxSlices) until the adjuster moves it.
+func (a *Agent) slicesPerGPU() int { return a.opts.Config.Fragments.MaxSlices }
+
+func (a *Agent) slices(string) (int, int) { return a.slicesPerGPU(), 0 }
+
+// Inventory is the node's GPUs as of now, with their health.
+func (a *Agent) Inventory(now time.Time) *gpu.NodeInventory {
+	inv := &gpu.NodeInventory{Node: a.opts.Node, GPUs: []gpu.Device{}}
+	for _, d := range a.devices {
+		ok, _, _ := a.health.Healthy(d.UUID, now)
+		inv.GPUs = append(inv.GPUs, d.Device(ok, a.MPS != nil))
+	}
+	return inv
+}
+
+// Refresh publishes the inventory and the device plugin's slots when they
+// changed: after a fault, a recovery, or at start.
+func (a *Agent) Refresh(ctx context.Context, now time.Time) error {
+	inv := a.Inventory(now)
+	a.mu.Lock()
+	same := a.published != nil && reflect.DeepEqual(a.published, inv)
+	a.mu.Unlock()
+	if same {
+		return nil
+	}
+	var slots []deviceplugin.GPUSlots
+	for _, g := range inv.GPUs {
+		slots = append(slots, deviceplugin.GPUSlots{UUID: g.UUID, Slices: a.slicesPerGPU(), Healthy: g.Healthy})
+	}
+	a.Plugin.SetGPUs(slots)
+	// CPU and memory come from the Node's allocatable (kubelet's numbers).
+	if n, err := a.opts.Client.CoreV1().Nodes().Get(ctx, a.opts.Node, metav1.GetOptions{}); err == nil {
+		inv.CPUMilli = n.Status.Allocatable.Cpu().MilliValue()
+		inv.MemoryMiB = n.Status.Allocatable.Memory().Value() >> 20
+	}
+	if err := inventory.Publish(ctx, a.opts.Client, inv); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.published = a.Inventory(now)
+	a.mu.Unlock()
+	klog.FromContext(ctx).Info("Published GPU inventory", "node", a.opts.Node, "gpus", len(inv.GPUs), "unhealthy", a.health.Unhealthy(now))
+	return nil
+}
+
+// Observe feeds an NVML event to the fault handling and republishes.
+func (a *Agent) Observe(ctx context.Context, ev nvml.Event, now time.Time) {
+	var all []string
+	for _, d := range a.devices {
+		all = append(all, d.UUID)
+	}
+	if a.health.Observe(ev, now, all...) {
+		klog.FromContext(ctx).Info("GPU fault; its slices are out of service", "gpu", ev.UUID, "xid", ev.Xid, "type", ev.Type)
+		if err := a.Refresh(ctx, now); err != nil {
+			klog.FromContext(ctx).Error(err, "Publishing the fault failed; retrying at the next pass")
+		}
+	}
+}
+
+// Run runs every part until ctx ends: the MPS daemons, the device plugin in
+// pluginDir, the fault watch, the sampling passes (which also return GPUs
+// whose quiet period passed) and the metrics endpoint on metricsAddr.
+func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
+	logger := klog.FromContext(ctx)
+	if a.MPS != nil {
+		if err := a.MPS.Start(ctx); err != nil {
+			return fmt.Errorf("MPS: %w", err)
+		}
+		go a.MPS.Run(ctx, 5*time.Second)
+	}
+	if err := a.Refresh(ctx, time.Now()); err != nil {
+		return err
+	}
+	errc := make(chan error, 3)
+	go func() { errc <- a.Plugin.Run(ctx, pluginDir, time.Second) }()
+	if a.gpus != nil {
+		go func() {
+			// Without events a fault is only seen when the GPU stops
+			// answering: degraded, not fatal.
+			if err := a.gpus.WatchEvents(ctx, func(ev nvml.Event) { a.Observe(ctx, ev, time.Now()) }); err != nil {
+				logger.Error(err, "Not watching GPUs for XID events; faults will be seen only when a GPU stops answering")
+			}
+		}()
+		go func() {
+			t := time.NewTicker(a.opts.Config.Fragments.SampleInterval.Duration)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case now := <-t.C:
+					if err := a.Sampler.Pass(now); err != nil {
+						logger.V(2).Info("Sampling pass incomplete", "err", err)
+					}
+					if err := a.Refresh(ctx, now); err != nil {
+						logger.Error(err, "Publishing the GPU inventory failed")
+					}
+				}
+			}
+		}()
+	}
+	srv := &http.Server{Addr: metricsAddr, Handler: promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("metrics endpoint: %w", err)
+		}
+	}()
+	defer srv.Close()
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-errc:
+		return err
+	}
+}

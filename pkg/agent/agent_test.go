@@ -1,0 +1,102 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
+	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/inventory"
+)
+
+func newNode() *fake.Clientset {
+	res := v1.ResourceList{v1.ResourceCPU: resource.MustParse("96"), v1.ResourceMemory: resource.MustParse("1Ti")}
+	return fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: v1.NodeStatus{Allocatable: res, Capacity: res}})
+}
+
+func published(t *testing.T, c *fake.Clientset) *gpu.NodeInventory {
+	t.Helper()
+	n, err := c.CoreV1().Nodes().Get(context.Background(), "n1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := inventory.FromNode(n)
+	if err != nil || inv == nil {
+		t.Fatalf("inventory %v, %v", inv, err)
+	}
+	return inv
+}
+
+// TestFaultsReachTheInventory: the agent publishes its GPUs as the scheduler
+// reads them; an XID takes a GPU out in the published inventory at once and
+// it returns after the quiet period.
+func TestFaultsReachTheInventory(t *testing.T) {
+	srv := dgxh100.New()
+	nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{SMCount: 132, NVLink: true} })
+	client := newNode()
+	cfg := config.Default()
+	a, err := New(Options{Node: "n1", Config: cfg, Client: client, NVML: srv, CDIDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	t0 := time.Now()
+	if err := a.Refresh(ctx, t0); err != nil {
+		t.Fatal(err)
+	}
+	inv := published(t, client)
+	if len(inv.GPUs) != 8 || inv.CPUMilli != 96000 || inv.MemoryMiB != 1<<20 {
+		t.Fatalf("published %d GPUs, %d mCPU, %d MiB", len(inv.GPUs), inv.CPUMilli, inv.MemoryMiB)
+	}
+	for _, g := range inv.GPUs {
+		if !g.Healthy || g.MemoryMiB != 81920 || g.SMCount != 132 || len(g.NVLinkPeers) != 7 || g.MPSCapable {
+			t.Fatalf("GPU %+v", g)
+		}
+	}
+	uuid2 := inv.GPUs[2].UUID
+	a.Observe(ctx, nvml.Event{UUID: uuid2, Type: gonvml.EventTypeXidCriticalError, Xid: 79}, t0.Add(time.Second))
+	if inv := published(t, client); inv.GPUs[2].Healthy || !inv.GPUs[1].Healthy {
+		t.Fatalf("after XID 79 on GPU 2: %+v", inv.GPUs[:3])
+	}
+	// An application XID changes nothing.
+	a.Observe(ctx, nvml.Event{UUID: inv.GPUs[4].UUID, Type: gonvml.EventTypeXidCriticalError, Xid: 13}, t0.Add(2*time.Second))
+	if inv := published(t, client); !inv.GPUs[4].Healthy {
+		t.Fatal("XID 13 took GPU 4 out")
+	}
+	if err := a.Refresh(ctx, t0.Add(time.Second+cfg.Health.QuietPeriod.Duration)); err != nil {
+		t.Fatal(err)
+	}
+	if inv := published(t, client); !inv.GPUs[2].Healthy {
+		t.Fatal("GPU 2 did not return after the quiet period")
+	}
+}
+
+func TestNoDriver(t *testing.T) {
+	srv := dgxh100.New()
+	srv.InitFunc = func() gonvml.Return { return gonvml.ERROR_LIBRARY_NOT_FOUND }
+	client := newNode()
+	if _, err := New(Options{Node: "n1", Config: config.Default(), Client: client, NVML: srv}); !errors.Is(err, nvml.ErrNoDriver) {
+		t.Fatalf("New without a driver = %v, want ErrNoDriver", err)
+	}
+	a, err := New(Options{Node: "n1", Config: config.Default(), Client: client, NVML: srv, AllowNoGPU: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Refresh(context.Background(), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if inv := published(t, client); len(inv.GPUs) != 0 {
+		t.Fatalf("an empty node published %d GPUs", len(inv.GPUs))
+	}
+}
