@@ -29,6 +29,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/inventory"
+	"github.com/tessera-gpu/tessera/pkg/podgpu"
 )
 
 // Options configure an Agent.
@@ -113,7 +114,11 @@ func New(opts Options) (*Agent, error) {
 		if opts.NodePods != nil {
 			res = tenants.NewResolver(opts.ProcRoot, opts.NodePods)
 		}
-		a.Sampler = metrics.NewSampler(opts.Node, a.gpus, res, a.health, a.slices, cfg.Stall.Window.Duration)
+		var slices metrics.Slices
+		if opts.NodePods != nil {
+			slices = a.slices
+		}
+		a.Sampler = metrics.NewSampler(opts.Node, a.gpus, res, a.health, slices, cfg.Stall.Window.Duration)
 		a.reg.MustRegister(a.Sampler)
 	}
 	a.reg.MustRegister(mpsRestarts)
@@ -128,11 +133,31 @@ func (a *Agent) exclusiveProcess(uuid string) error {
 	return a.gpus.SetComputeMode(uuid, gonvml.COMPUTEMODE_EXCLUSIVE_PROCESS)
 }
 
-// slicesPerGPU is what each healthy GPU is advertised as: the slice count's
-// ceiling (fragments.maxSlices) until the adjuster moves it.
-func (a *Agent) slicesPerGPU() int { return a.opts.Config.Fragments.MaxSlices }
+// slicesPerGPU is how many slots each GPU is advertised with: the most
+// containers a GPU can ever hold (each takes at least 1 % of its SMs). The
+// slots are interchangeable tokens; what a GPU really holds is decided by the
+// scheduler's assignment, so kubelet's count must never be the tighter limit
+// — with fewer tokens, kubelet would refuse pods the scheduler had placed.
+func (a *Agent) slicesPerGPU() int { return gpu.CoresPerGPU / 10 }
 
-func (a *Agent) slices(string) (int, int) { return a.slicesPerGPU(), 0 }
+// slices is what a GPU is advertised as, and how many containers of this
+// node's running pods are assigned to it.
+func (a *Agent) slices(uuid string) (total, allocated int) {
+	for _, p := range a.opts.NodePods() {
+		asg, err := podgpu.BoundAssignment(p)
+		if err != nil || asg == nil || asg.Node != a.opts.Node {
+			continue
+		}
+		for _, c := range asg.Containers {
+			for _, g := range c.GPUs {
+				if g.UUID == uuid {
+					allocated++
+				}
+			}
+		}
+	}
+	return a.slicesPerGPU(), allocated
+}
 
 // Inventory is the node's GPUs as of now, with their health.
 func (a *Agent) Inventory(now time.Time) *gpu.NodeInventory {

@@ -100,3 +100,25 @@ func TestNoDriver(t *testing.T) {
 		t.Fatalf("an empty node published %d GPUs", len(inv.GPUs))
 	}
 }
+
+func TestSlicesAllocatedFollowAssignments(t *testing.T) {
+	srv := dgxh100.New()
+	nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{} })
+	uuid, _ := srv.Devices[0].GetUUID()
+	enc, err := gpu.EncodeAssignment(&gpu.PodAssignment{Node: "n1", Containers: []gpu.ContainerAssignment{
+		{Name: "a", Mode: gpu.ModeMPS, GPUs: []gpu.GPUGrant{{UUID: uuid, MemoryMiB: 4096, CoresPerMille: 100}}},
+		{Name: "b", Mode: gpu.ModeMPS, GPUs: []gpu.GPUGrant{{UUID: uuid, MemoryMiB: 4096, CoresPerMille: 100}}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Annotations: map[string]string{gpu.AnnotationAssignment: enc}},
+		Spec: v1.PodSpec{NodeName: "n1", Containers: []v1.Container{{Name: "a"}, {Name: "b"}}}}
+	a, err := New(Options{Node: "n1", Config: config.Default(), Client: newNode(), NVML: srv, NodePods: func() []*v1.Pod { return []*v1.Pod{pod} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if total, used := a.slices(uuid); total != 100 || used != 2 {
+		t.Fatalf("slices = %d total, %d allocated; want 100 and 2", total, used)
+	}
+}
