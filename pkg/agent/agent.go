@@ -229,6 +229,22 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 	}
 	errc := make(chan error, 3)
 	go func() { errc <- a.Plugin.Run(ctx, pluginDir, time.Second) }()
+	go func() {
+		t := time.NewTicker(30 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if n, err := a.Plugin.CollectSpecs(ctx); err != nil {
+					logger.Error(err, "Collecting CDI specs of finished containers failed")
+				} else if n > 0 {
+					logger.V(2).Info("Collected CDI specs of finished containers", "count", n)
+				}
+			}
+		}
+	}()
 	if a.gpus != nil {
 		go func() {
 			// Without events a fault is only seen when the GPU stops

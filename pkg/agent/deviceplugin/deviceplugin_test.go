@@ -107,6 +107,18 @@ func (k *kubelet) HolderOf(_ context.Context, res string, ids []string) (string,
 	return "", "", "", fmt.Errorf("no container holds %v", ids)
 }
 
+func (k *kubelet) Held(_ context.Context, res string) (map[string]bool, error) {
+	held := map[string]bool{}
+	for _, p := range k.activePods() {
+		for _, c := range p.Spec.Containers {
+			for id := range k.m.GetDevices(string(p.UID), c.Name)[res] {
+				held[id] = true
+			}
+		}
+	}
+	return held, nil
+}
+
 func (k *kubelet) allocatable() int64 {
 	_, alloc, _ := k.m.GetCapacity(klog.Background())
 	q := alloc[v1.ResourceName(deviceplugin.ResourceName)]
@@ -315,6 +327,15 @@ func TestWithKubeletDeviceManager(t *testing.T) {
 			}
 		}
 	}
+
+	// p00 leaves: its spec is collected, the others stay.
+	k.mu.Lock()
+	delete(k.pod, pods[0].UID)
+	k.mu.Unlock()
+	if n, err := plugin.CollectSpecs(ctx); err != nil || n != 1 {
+		t.Fatalf("CollectSpecs removed %d, %v; want p00's one spec", n, err)
+	}
+	k.admit(pods[0])
 
 	// A pod no assignment covers (not placed by tessera-scheduler) gets its
 	// slots from kubelet but never starts: the error is what kubelet shows.

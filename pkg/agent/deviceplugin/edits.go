@@ -125,3 +125,33 @@ func SpecPath(dir string, slots []string) string {
 	sort.Strings(s)
 	return filepath.Join(dir, "tessera-"+s[0]+".json")
 }
+
+// collectSpecs removes, in dir, the slot specs none of whose slots is held.
+func collectSpecs(dir string, held map[string]bool) (int, error) {
+	paths, err := filepath.Glob(filepath.Join(dir, "tessera-*.json"))
+	if err != nil {
+		return 0, err
+	}
+	removed := 0
+	for _, path := range paths {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		var spec cdiSpec
+		if json.Unmarshal(b, &spec) != nil || spec.Kind != CDIKind {
+			continue // not ours
+		}
+		inUse := false
+		for _, d := range spec.Devices {
+			inUse = inUse || held[d.Name]
+		}
+		if !inUse {
+			if err := os.Remove(path); err != nil {
+				return removed, err
+			}
+			removed++
+		}
+	}
+	return removed, nil
+}

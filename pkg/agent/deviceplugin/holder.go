@@ -39,3 +39,24 @@ func (h PodResourcesHolder) HolderOf(ctx context.Context, resource string, ids [
 	}
 	return "", "", "", fmt.Errorf("no container holds exactly %v", ids)
 }
+
+// Held implements Holder.
+func (h PodResourcesHolder) Held(ctx context.Context, resource string) (map[string]bool, error) {
+	resp, err := h.Client.List(ctx, &podresourcesapi.ListPodResourcesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("kubelet pod-resources List: %w", err)
+	}
+	held := map[string]bool{}
+	for _, p := range resp.GetPodResources() {
+		for _, c := range p.GetContainers() {
+			for _, d := range c.GetDevices() {
+				if d.GetResourceName() == resource {
+					for _, id := range d.GetDeviceIds() {
+						held[id] = true
+					}
+				}
+			}
+		}
+	}
+	return held, nil
+}

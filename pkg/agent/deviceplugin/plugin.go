@@ -60,6 +60,8 @@ type Holder interface {
 	// HolderOf returns the namespace, pod and container name holding
 	// exactly these IDs of resource.
 	HolderOf(ctx context.Context, resource string, ids []string) (namespace, pod, container string, err error)
+	// Held returns every device ID of resource some container holds.
+	Held(ctx context.Context, resource string) (map[string]bool, error)
 }
 
 // Pods returns a pod of this node by namespace and name (the agent's
@@ -260,4 +262,16 @@ func (p *Plugin) editsFor(ns, name, container string, slots int) (Edits, error) 
 		return EditsFor(c, p.pipeDir)
 	}
 	return Edits{}, fmt.Errorf("pod %s/%s container %s: %w", ns, name, container, ErrNoAssignment)
+}
+
+// CollectSpecs removes the CDI specs of containers that no longer hold
+// their slots (the pod finished or was deleted), so a slot handed to a new
+// container never resolves to an old one's GPUs before PreStartContainer
+// writes it afresh. It returns how many it removed.
+func (p *Plugin) CollectSpecs(ctx context.Context) (int, error) {
+	held, err := p.holder.Held(ctx, ResourceName)
+	if err != nil {
+		return 0, err
+	}
+	return collectSpecs(p.cdiDir, held)
 }
