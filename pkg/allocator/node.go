@@ -60,6 +60,10 @@ type GPU struct {
 	MemoryMiB int64
 	MPS       bool
 	Healthy   bool
+	// MaxTenants is the most slices the GPU takes (the agent's slice count);
+	// 0: no limit. Placement honours it; recorded assignments are never
+	// refused for it, so a lowered count never loses a running pod.
+	MaxTenants int
 	// peers is a bitmask over positions in Node.GPUs.
 	peers uint64
 	use   usage
@@ -70,6 +74,7 @@ func (g *GPU) MemoryUsedMiB() int64           { return g.use.mem }
 func (g *GPU) CoresUsed() int                 { return int(g.use.cores) }
 func (g *GPU) Tenants() int                   { return int(g.use.tenants) }
 func (g *GPU) Mode() gpu.SharingMode          { return g.use.mode.public() }
+func (g *GPU) full(u usage) bool              { return g.MaxTenants > 0 && int(u.tenants) >= g.MaxTenants }
 func (g *GPU) freeCores() int64               { return gpu.CoresPerGPU - int64(g.use.cores) }
 func (g *GPU) memLimit(oversub float64) int64 { return int64(float64(g.MemoryMiB) * oversub) }
 
@@ -99,7 +104,7 @@ func NewNode(inv *gpu.NodeInventory) (*Node, error) {
 	pos := make(map[int]int, len(inv.GPUs))
 	for i, d := range inv.GPUs {
 		pos[d.Index] = i
-		n.GPUs[i] = GPU{Index: d.Index, UUID: d.UUID, Model: d.Model, MemoryMiB: d.MemoryMiB, MPS: d.MPSCapable, Healthy: d.Healthy}
+		n.GPUs[i] = GPU{Index: d.Index, UUID: d.UUID, Model: d.Model, MemoryMiB: d.MemoryMiB, MPS: d.MPSCapable, Healthy: d.Healthy, MaxTenants: d.Slices}
 	}
 	for i, d := range inv.GPUs {
 		for _, p := range d.NVLinkPeers {

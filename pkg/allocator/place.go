@@ -165,7 +165,7 @@ func sliceFits(r *Request, c *Container, g *GPU, u usage, oversub float64) (mode
 		return 0, 0, 0, false
 	}
 	m, ok := sliceMode(r.Sharing, g, u)
-	if !ok {
+	if !ok || g.full(u) {
 		return 0, 0, 0, false
 	}
 	mem, cores := c.slice(g)
@@ -267,6 +267,7 @@ func nvlinkClique(n *Node, free uint64, count int) uint64 {
 func (a *Allocator) diagnose(n *Node, r *Request, c *Container, after *[MaxGPUsPerNode]usage, taken uint64) Reason {
 	why := Reason{Code: NoFragment, GPU: -1}
 	healthy, allowed, mps, conflict := false, false, false, -1
+	full, fullCap := -1, 0
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
 		if !g.Healthy {
@@ -282,6 +283,12 @@ func (a *Allocator) diagnose(n *Node, r *Request, c *Container, after *[MaxGPUsP
 		why.Want, why.WantCores = mem, cores
 		u := after[i]
 		if taken&(1<<uint(i)) != 0 {
+			continue
+		}
+		if g.full(u) {
+			if full < 0 {
+				full, fullCap = g.Index, g.MaxTenants
+			}
 			continue
 		}
 		if _, ok := sliceMode(r.Sharing, g, u); !ok {
@@ -302,6 +309,8 @@ func (a *Allocator) diagnose(n *Node, r *Request, c *Container, after *[MaxGPUsP
 		return Reason{Code: NoAllowedModel, Models: r.Models, GPU: -1}
 	case r.Sharing == gpu.ModeMPS && !mps:
 		return Reason{Code: NoMPS, GPU: -1}
+	case why.GPU < 0 && full >= 0:
+		return Reason{Code: SlicesFull, GPU: full, Have: int64(fullCap)}
 	case why.GPU < 0 && conflict >= 0:
 		return Reason{Code: ModeConflict, GPU: conflict}
 	}

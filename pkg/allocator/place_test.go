@@ -348,3 +348,50 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		t.Errorf("oversubscription: err = %v", err)
 	}
 }
+
+// TestSliceCountCapsSharing: a GPU whose agent offers k slices takes k
+// sharing tenants and no more (the reason says so); recorded assignments
+// beyond a lowered count are
+// still accepted, so lowering it never loses a running pod.
+func TestSliceCountCapsSharing(t *testing.T) {
+	a := newAllocator(t, config.PolicyBinpack, 1.0)
+	inv := &gpu.NodeInventory{Node: "n", CPUMilli: 64000, MemoryMiB: 512 << 10, GPUs: []gpu.Device{
+		{Index: 0, UUID: "g0", Model: "A100", MemoryMiB: 81920, Healthy: true, Slices: 2},
+	}}
+	n, err := NewNode(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := compile(t, slice(8192, 10))
+	var recorded []*gpu.PodAssignment
+	for range 2 {
+		var p Placement
+		if why := a.Place(n, r, &p); !why.OK() {
+			t.Fatalf("slice within the count: %v", why)
+		}
+		asg := n.Assignment(r, &p)
+		if err := n.AddAssignment(asg, r.CPUMilli, r.MemoryMiB, 1.0); err != nil {
+			t.Fatal(err)
+		}
+		recorded = append(recorded, asg)
+	}
+	var p Placement
+	why := a.Place(n, r, &p)
+	if why.Code != SlicesFull || !strings.Contains(why.String(), "GPU 0: 2") {
+		t.Fatalf("third slice: %v, want SlicesFull naming GPU 0 and its 2 slices", why)
+	}
+	// The count is lowered to 1 under two running tenants: both stay booked.
+	inv.GPUs[0].Slices = 1
+	m, err := NewNode(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, asg := range recorded {
+		if err := m.AddAssignment(asg, r.CPUMilli, r.MemoryMiB, 1.0); err != nil {
+			t.Fatalf("a running tenant was refused after the count dropped: %v", err)
+		}
+	}
+	if m.GPUs[0].Tenants() != 2 {
+		t.Fatalf("%d tenants booked", m.GPUs[0].Tenants())
+	}
+}

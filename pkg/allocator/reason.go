@@ -20,9 +20,10 @@ const (
 	NoFragment
 	ModeConflict
 	NoMPS
+	SlicesFull
 )
 
-var codeNames = [...]string{"Fits", "InsufficientCPU", "InsufficientMemory", "NoAllowedModel", "NoHealthyGPU", "NotEnoughWholeGPUs", "NoFragment", "ModeConflict", "NoMPS"}
+var codeNames = [...]string{"Fits", "InsufficientCPU", "InsufficientMemory", "NoAllowedModel", "NoHealthyGPU", "NotEnoughWholeGPUs", "NoFragment", "ModeConflict", "NoMPS", "SlicesFull"}
 
 func (c Code) String() string {
 	if int(c) < len(codeNames) {
@@ -72,6 +73,8 @@ func (r Reason) String() string {
 			r.Want, pct(r.WantCores), r.Have, pct(r.HaveCores), r.GPU)
 	case NoMPS:
 		return "no MPS-capable GPU, and the pod asks for tessera.dev/sharing=mps"
+	case SlicesFull:
+		return fmt.Sprintf("GPUs with room hold as many slices as their agent offers (GPU %d: %d); the count follows the GPU's forecast load", r.GPU, r.Have)
 	case ModeConflict:
 		return fmt.Sprintf("GPUs with room run another sharing mode (GPU %d); the pod's tessera.dev/sharing rules them out", r.GPU)
 	}

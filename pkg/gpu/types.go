@@ -70,6 +70,9 @@ type Device struct {
 	MPSCapable bool `json:"mpsCapable,omitempty"`
 	// NVLinkPeers lists the indices of GPUs reachable over NVLink.
 	NVLinkPeers []int `json:"nvlinkPeers,omitempty"`
+	// Slices is the most containers the agent lets share this GPU, as the
+	// slice adjuster sets it from the forecast load; 0 sets no limit.
+	Slices int `json:"slices,omitempty"`
 }
 
 // NodeInventory is what a node offers: its allocatable CPU and memory and its GPUs.

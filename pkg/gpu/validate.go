@@ -141,6 +141,8 @@ func (n *NodeInventory) Validate() error {
 			return invalidf("inventory %s: gpus[%d].memoryMiB %d must be positive", n.Node, i, d.MemoryMiB)
 		case d.SMCount < 0:
 			return invalidf("inventory %s: gpus[%d].smCount %d is negative", n.Node, i, d.SMCount)
+		case d.Slices < 0:
+			return invalidf("inventory %s: gpus[%d].slices %d is negative", n.Node, i, d.Slices)
 		}
 		indices[d.Index] = true
 		uuids[d.UUID] = true
