@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"reflect"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/pkg/agent/adjuster"
 	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
 	"github.com/tessera-gpu/tessera/pkg/agent/health"
 	"github.com/tessera-gpu/tessera/pkg/agent/metrics"
@@ -71,6 +73,11 @@ type Agent struct {
 
 	mu        sync.Mutex
 	published *gpu.NodeInventory
+	// adj decides each GPU's slice count from its forecast load; adjMu
+	// guards it (the adjuster is not safe for concurrent use) and lastEval.
+	adjMu    sync.Mutex
+	adj      *adjuster.Adjuster
+	lastEval time.Time
 }
 
 // New opens NVML and reads the GPUs. Without a driver it fails with
@@ -78,7 +85,18 @@ type Agent struct {
 func New(opts Options) (*Agent, error) {
 	cfg := opts.Config
 	a := &Agent{opts: opts, health: health.New(cfg.Health.IgnoredXids, cfg.Health.QuietPeriod.Duration), reg: prometheus.NewRegistry()}
+	adj, err := adjuster.New(cfg.Fragments)
+	if err != nil {
+		return nil, err
+	}
+	a.adj = adj
 	c, err := nvml.New(opts.NVML)
+	defer func() {
+		// Every GPU starts at the most slices; the forecast lowers it.
+		for _, d := range a.devices {
+			a.adj.Track(d.UUID, cfg.Fragments.MaxSlices, 0)
+		}
+	}()
 	switch {
 	case errors.Is(err, nvml.ErrNoDriver) && opts.AllowNoGPU:
 		klog.Background().Info("No NVIDIA driver; running as an empty node", "err", err)
@@ -121,7 +139,7 @@ func New(opts Options) (*Agent, error) {
 		a.Sampler = metrics.NewSampler(opts.Node, a.gpus, res, a.health, slices, cfg.Stall.Window.Duration)
 		a.reg.MustRegister(a.Sampler)
 	}
-	a.reg.MustRegister(mpsRestarts)
+	a.reg.MustRegister(mpsRestarts, sliceChanges)
 	return a, nil
 }
 
@@ -133,16 +151,24 @@ func (a *Agent) exclusiveProcess(uuid string) error {
 	return a.gpus.SetComputeMode(uuid, gonvml.COMPUTEMODE_EXCLUSIVE_PROCESS)
 }
 
-// slicesPerGPU is how many slots each GPU is advertised with: the most
-// containers a GPU can ever hold (each takes at least 1 % of its SMs). The
-// slots are interchangeable tokens; what a GPU really holds is decided by the
-// scheduler's assignment, so kubelet's count must never be the tighter limit
-// — with fewer tokens, kubelet would refuse pods the scheduler had placed.
-func (a *Agent) slicesPerGPU() int { return gpu.CoresPerGPU / 10 }
+// slicesOf is a GPU's slice count, as the adjuster sets it. The inventory
+// carries it to the scheduler, which places no more tenants on the GPU, and
+// the device plugin advertises as many slots for it: slots are
+// interchangeable tokens, and with every GPU's tenants within its count the
+// node's tokens always cover its containers, so kubelet never refuses a pod
+// the scheduler placed.
+func (a *Agent) slicesOf(uuid string) int {
+	a.adjMu.Lock()
+	defer a.adjMu.Unlock()
+	return a.adj.Slices(uuid)
+}
 
 // slices is what a GPU is advertised as, and how many containers of this
 // node's running pods are assigned to it.
 func (a *Agent) slices(uuid string) (total, allocated int) {
+	if a.opts.NodePods == nil {
+		return a.slicesOf(uuid), 0
+	}
 	for _, p := range a.opts.NodePods() {
 		asg, err := podgpu.BoundAssignment(p)
 		if err != nil || asg == nil || asg.Node != a.opts.Node {
@@ -156,7 +182,7 @@ func (a *Agent) slices(uuid string) (total, allocated int) {
 			}
 		}
 	}
-	return a.slicesPerGPU(), allocated
+	return a.slicesOf(uuid), allocated
 }
 
 // Inventory is the node's GPUs as of now, with their health.
@@ -164,7 +190,9 @@ func (a *Agent) Inventory(now time.Time) *gpu.NodeInventory {
 	inv := &gpu.NodeInventory{Node: a.opts.Node, GPUs: []gpu.Device{}}
 	for _, d := range a.devices {
 		ok, _, _ := a.health.Healthy(d.UUID, now)
-		inv.GPUs = append(inv.GPUs, d.Device(ok, a.MPS != nil))
+		dev := d.Device(ok, a.MPS != nil)
+		dev.Slices = a.slicesOf(d.UUID)
+		inv.GPUs = append(inv.GPUs, dev)
 	}
 	return inv
 }
@@ -181,7 +209,7 @@ func (a *Agent) Refresh(ctx context.Context, now time.Time) error {
 	}
 	var slots []deviceplugin.GPUSlots
 	for _, g := range inv.GPUs {
-		slots = append(slots, deviceplugin.GPUSlots{UUID: g.UUID, Slices: a.slicesPerGPU(), Healthy: g.Healthy})
+		slots = append(slots, deviceplugin.GPUSlots{UUID: g.UUID, Slices: g.Slices, Healthy: g.Healthy})
 	}
 	a.Plugin.SetGPUs(slots)
 	// CPU and memory come from the Node's allocatable (kubelet's numbers).
@@ -192,12 +220,66 @@ func (a *Agent) Refresh(ctx context.Context, now time.Time) error {
 	if err := inventory.Publish(ctx, a.opts.Client, inv); err != nil {
 		return err
 	}
+	published := a.Inventory(now)
 	a.mu.Lock()
-	a.published = a.Inventory(now)
+	a.published = published
 	a.mu.Unlock()
 	klog.FromContext(ctx).Info("Published GPU inventory", "node", a.opts.Node, "gpus", len(inv.GPUs), "unhealthy", a.health.Unhealthy(now))
 	return nil
 }
+
+// Adjust feeds one pass's utilization (0–1 per GPU UUID; NaN or absent for
+// a missing sample) to the slice adjuster and, every fragments.evaluateEvery,
+// lets it decide. A change is logged, counted, and published: the scheduler
+// reads it from the inventory, kubelet from ListAndWatch.
+func (a *Agent) Adjust(ctx context.Context, util map[string]float64, now time.Time) {
+	var decisions []adjuster.Decision
+	a.adjMu.Lock()
+	for _, d := range a.devices {
+		u, ok := util[d.UUID]
+		if !ok {
+			u = math.NaN()
+		}
+		a.adj.Observe(d.UUID, u)
+	}
+	evaluate := now.Sub(a.lastEval) >= a.opts.Config.Fragments.EvaluateEvery.Duration
+	a.adjMu.Unlock()
+	if !evaluate {
+		return
+	}
+	inUse := map[string]int{}
+	for _, d := range a.devices {
+		_, inUse[d.UUID] = a.slices(d.UUID)
+	}
+	a.adjMu.Lock()
+	a.lastEval = now
+	for _, d := range a.devices {
+		a.adj.SetInUse(d.UUID, inUse[d.UUID])
+		if dec := a.adj.Evaluate(d.UUID, now); dec.Changed() {
+			decisions = append(decisions, dec)
+		}
+	}
+	a.adjMu.Unlock()
+	if len(decisions) == 0 {
+		return
+	}
+	logger := klog.FromContext(ctx)
+	for _, dec := range decisions {
+		dir := "down"
+		if dec.To > dec.From {
+			dir = "up"
+		}
+		sliceChanges.WithLabelValues(a.opts.Node, dec.GPU, dir).Inc()
+		logger.Info("GPU slice count changed", "gpu", dec.GPU, "from", dec.From, "to", dec.To, "forecast", dec.Forecast, "reason", dec.Reason)
+	}
+	if err := a.Refresh(ctx, now); err != nil {
+		logger.Error(err, "Publishing the new slice counts failed; retrying at the next pass")
+	}
+}
+
+var sliceChanges = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "tessera_gpu_slice_changes_total", Help: "Changes of a GPU's slice count by the forecast-driven adjuster, by direction.",
+}, []string{"node", "gpu", "direction"})
 
 // Observe feeds an NVML event to the fault handling and republishes.
 func (a *Agent) Observe(ctx context.Context, ev nvml.Event, now time.Time) {
@@ -264,6 +346,7 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 					if err := a.Sampler.Pass(now); err != nil {
 						logger.V(2).Info("Sampling pass incomplete", "err", err)
 					}
+					a.Adjust(ctx, a.Sampler.Utilization(), now)
 					if err := a.Refresh(ctx, now); err != nil {
 						logger.Error(err, "Publishing the GPU inventory failed")
 					}

@@ -118,7 +118,56 @@ func TestSlicesAllocatedFollowAssignments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if total, used := a.slices(uuid); total != 100 || used != 2 {
-		t.Fatalf("slices = %d total, %d allocated; want 100 and 2", total, used)
+	if total, used := a.slices(uuid); total != 8 || used != 2 {
+		t.Fatalf("slices = %d total, %d allocated; want 8 (fragments.maxSlices) and 2", total, used)
+	}
+}
+
+// TestForecastLoadLowersTheSliceCount: a GPU busy at 95 % for the whole
+// window is cut into fewer slices after fragments.consecutive evaluations
+// above 85 %, and the scheduler's inventory carries the new count; an idle
+// GPU at the most slices stays there.
+func TestForecastLoadLowersTheSliceCount(t *testing.T) {
+	srv := dgxh100.New()
+	nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{} })
+	client := newNode()
+	cfg := config.Default()
+	a, err := New(Options{Node: "n1", Config: cfg, Client: client, NVML: srv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	t0 := time.Now()
+	if err := a.Refresh(ctx, t0); err != nil {
+		t.Fatal(err)
+	}
+	busy, _ := srv.Devices[0].GetUUID()
+	idle, _ := srv.Devices[1].GetUUID()
+	step := cfg.Fragments.SampleInterval.Duration
+	window := int(cfg.Fragments.Window.Duration / step)
+	perEval := int(cfg.Fragments.EvaluateEvery.Duration / step)
+	var changedAt time.Duration
+	for i := range window + (cfg.Fragments.Consecutive+1)*perEval {
+		now := t0.Add(time.Duration(i) * step)
+		// A little noise: a constant series has nothing to fit.
+		a.Adjust(ctx, map[string]float64{busy: 0.95 + 0.01*float64(i%3), idle: 0.05 + 0.01*float64(i%2)}, now)
+		if a.slicesOf(busy) != cfg.Fragments.MaxSlices {
+			changedAt = now.Sub(t0)
+			break
+		}
+	}
+	if min := time.Duration(cfg.Fragments.Consecutive-1) * cfg.Fragments.EvaluateEvery.Duration; changedAt < min {
+		t.Fatalf("changed after %v, before %d evaluations above the threshold", changedAt, cfg.Fragments.Consecutive)
+	}
+	if got := a.slicesOf(busy); got != cfg.Fragments.MaxSlices-1 {
+		t.Fatalf("busy GPU has %d slices, want %d", got, cfg.Fragments.MaxSlices-1)
+	}
+	t.Logf("busy GPU lost a slice %v after its first sample", changedAt)
+	if got := a.slicesOf(idle); got != cfg.Fragments.MaxSlices {
+		t.Fatalf("idle GPU has %d slices, want %d", got, cfg.Fragments.MaxSlices)
+	}
+	inv := published(t, client)
+	if inv.GPUs[0].Slices != cfg.Fragments.MaxSlices-1 || inv.GPUs[1].Slices != cfg.Fragments.MaxSlices {
+		t.Fatalf("published slices %d and %d", inv.GPUs[0].Slices, inv.GPUs[1].Slices)
 	}
 }

@@ -190,6 +190,20 @@ func (s *Sampler) Pass(now time.Time) error {
 	return err
 }
 
+// Utilization is the last pass's SM utilization per GPU UUID, 0–1; a GPU
+// that did not report one is absent.
+func (s *Sampler) Utilization() map[string]float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]float64, len(s.snap))
+	for _, g := range s.snap {
+		if !g.usage.Lost && !math.IsNaN(g.usage.SMUtil) {
+			out[g.usage.UUID] = g.usage.SMUtil / 100
+		}
+	}
+	return out
+}
+
 var (
 	gpuLabels    = []string{"node", "gpu", "model", "index"}
 	tenantLabels = []string{"node", "gpu", "model", "index", "namespace", "pod", "container"}
