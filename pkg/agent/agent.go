@@ -17,6 +17,8 @@ import (
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	v1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
@@ -271,9 +273,30 @@ func (a *Agent) Adjust(ctx context.Context, util map[string]float64, now time.Ti
 		}
 		sliceChanges.WithLabelValues(a.opts.Node, dec.GPU, dir).Inc()
 		logger.Info("GPU slice count changed", "gpu", dec.GPU, "from", dec.From, "to", dec.To, "forecast", dec.Forecast, "reason", dec.Reason)
+		a.event(ctx, now, v1.EventTypeNormal, string(dec.Reason), "AdjustSlices",
+			fmt.Sprintf("GPU %s: %d → %d slices (forecast utilization %.0f%%)", dec.GPU, dec.From, dec.To, 100*dec.Forecast))
 	}
 	if err := a.Refresh(ctx, now); err != nil {
 		logger.Error(err, "Publishing the new slice counts failed; retrying at the next pass")
+	}
+}
+
+// event records an Event on this node, best effort: an agent that cannot
+// write events still serves its GPUs.
+func (a *Agent) event(ctx context.Context, now time.Time, kind, reason, action, note string) {
+	ev := &eventsv1.Event{
+		ObjectMeta:          metav1.ObjectMeta{GenerateName: a.opts.Node + ".", Namespace: metav1.NamespaceDefault},
+		EventTime:           metav1.NewMicroTime(now),
+		ReportingController: "tessera.dev/agent",
+		ReportingInstance:   "tessera-agent-" + a.opts.Node,
+		Action:              action,
+		Reason:              reason,
+		Regarding:           v1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: a.opts.Node},
+		Note:                note,
+		Type:                kind,
+	}
+	if _, err := a.opts.Client.EventsV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		klog.FromContext(ctx).V(2).Info("Could not record event", "reason", reason, "err", err)
 	}
 }
 
@@ -289,6 +312,8 @@ func (a *Agent) Observe(ctx context.Context, ev nvml.Event, now time.Time) {
 	}
 	if a.health.Observe(ev, now, all...) {
 		klog.FromContext(ctx).Info("GPU fault; its slices are out of service", "gpu", ev.UUID, "xid", ev.Xid, "type", ev.Type)
+		a.event(ctx, now, v1.EventTypeWarning, "GPUFault", "Quarantine",
+			fmt.Sprintf("GPU %s out of service: XID %d (event type %d); back after %v without faults", ev.UUID, ev.Xid, ev.Type, a.opts.Config.Health.QuietPeriod.Duration))
 		if err := a.Refresh(ctx, now); err != nil {
 			klog.FromContext(ctx).Error(err, "Publishing the fault failed; retrying at the next pass")
 		}

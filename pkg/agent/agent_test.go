@@ -166,6 +166,10 @@ func TestForecastLoadLowersTheSliceCount(t *testing.T) {
 	if got := a.slicesOf(idle); got != cfg.Fragments.MaxSlices {
 		t.Fatalf("idle GPU has %d slices, want %d", got, cfg.Fragments.MaxSlices)
 	}
+	evs, err := client.EventsV1().Events("default").List(ctx, metav1.ListOptions{})
+	if err != nil || len(evs.Items) != 1 || evs.Items[0].Reason != "ForecastAboveThreshold" || evs.Items[0].Regarding.Name != "n1" {
+		t.Fatalf("events %+v, %v; want one ForecastAboveThreshold on node n1", evs, err)
+	}
 	inv := published(t, client)
 	if inv.GPUs[0].Slices != cfg.Fragments.MaxSlices-1 || inv.GPUs[1].Slices != cfg.Fragments.MaxSlices {
 		t.Fatalf("published slices %d and %d", inv.GPUs[0].Slices, inv.GPUs[1].Slices)
