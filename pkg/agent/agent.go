@@ -122,7 +122,10 @@ func New(opts Options) (*Agent, error) {
 			}
 		}
 		a.MPS = mps.New(mps.Config{Binary: opts.MPSBinary, Root: opts.MPSRoot, GPUs: gs, PrepareGPU: a.exclusiveProcess,
-			OnRestart: func(uuid string, cause error) { mpsRestarts.WithLabelValues(opts.Node, uuid).Inc() }})
+			OnRestart: func(uuid string, cause error) {
+				mpsRestarts.WithLabelValues(opts.Node, uuid).Inc()
+				a.event(context.Background(), time.Now(), v1.EventTypeWarning, "MPSDaemonRestarted", "RestartMPS", cause.Error())
+			}})
 	}
 	pipe := func(uuid string) string { return "" }
 	if a.MPS != nil {

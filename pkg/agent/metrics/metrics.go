@@ -145,6 +145,18 @@ func (s *Sampler) Pass(now time.Time) error {
 			}
 		}
 	}
+	// A GPU read at start that no longer enumerates (fell off the bus, or
+	// was removed) is lost: out of service, and kept in the inventory so the
+	// bookings of pods still bound to it stay accounted.
+	seen := make(map[string]bool, len(usage))
+	for _, u := range usage {
+		seen[u.UUID] = true
+	}
+	for uuid := range s.models {
+		if !seen[uuid] {
+			s.health.Lost(uuid, now)
+		}
+	}
 	snap := make([]gpuSnapshot, 0, len(usage))
 	for _, u := range usage {
 		if u.Lost {

@@ -267,3 +267,21 @@ func BenchmarkSamplingPass(b *testing.B) {
 		}
 	}
 }
+
+// TestVanishedGPUIsLost: a GPU that stops enumerating is out of service,
+// not a crash.
+func TestVanishedGPUIsLost(t *testing.T) {
+	n := newNode(t, 1)
+	now := time.Now()
+	if err := n.sampler.Pass(now); err != nil {
+		t.Fatal(err)
+	}
+	uuid7, _ := n.srv.Devices[7].GetUUID()
+	n.srv.Devices = n.srv.Devices[:7]
+	if err := n.sampler.Pass(now.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if ok, reason, _ := n.tracker.Healthy(uuid7, now.Add(time.Hour)); ok || !strings.Contains(reason, "lost") {
+		t.Fatalf("vanished GPU healthy=%v (%q)", ok, reason)
+	}
+}
