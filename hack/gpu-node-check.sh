@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Reads a GPU node through Tessera's NVML layer (the code the agent runs) and
+# Reads a GPU node through Tessera's NVML layer and MPS manager (the code the
+# agent runs) and
 # prints nvidia-smi's view beside it, so the two can be compared by eye. It
 # builds only cmd/tessera (no Kubernetes packages): seconds, not minutes.
 # Usage: hack/gpu-node-check.sh [samples]
@@ -7,8 +8,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 samples=${1:-4}
 go build -o bin/tessera ./cmd/tessera 2>/dev/null
-echo "== tessera gpus --samples $samples"
-./bin/tessera gpus --samples "$samples" --interval 500ms || echo "tessera gpus exited $?"
+mps=()
+if command -v nvidia-cuda-mps-control >/dev/null; then
+	# Starts one MPS daemon on GPU 0 in a scratch directory, sets and reads
+	# back a default limit, and stops it. Leaves the compute mode as it is.
+	mps=(--mps-check "$(command -v nvidia-cuda-mps-control)")
+fi
+echo "== tessera gpus --samples $samples ${mps[*]}"
+./bin/tessera gpus --samples "$samples" --interval 500ms "${mps[@]}" || echo "tessera gpus exited $?"
 if command -v nvidia-smi >/dev/null; then
 	echo
 	echo "== nvidia-smi"

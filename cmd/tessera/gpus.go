@@ -1,17 +1,20 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/tessera-gpu/tessera/pkg/agent/mps"
 	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
 )
 
@@ -29,6 +32,7 @@ func runGPUs(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	samples := fs.Int("samples", 3, "usage samples to take")
 	interval := fs.Duration("interval", 500*time.Millisecond, "time between samples")
+	mpsCheck := fs.String("mps-check", "", "also start an MPS control daemon on GPU 0 with this control program (e.g. nvidia-cuda-mps-control), set a default client limit, read it back and stop it — as the agent does")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
@@ -80,7 +84,39 @@ func runGPUs(args []string, stdout, stderr io.Writer) int {
 		}
 		tw.Flush()
 	}
+	if *mpsCheck != "" && len(devs) > 0 {
+		if err := checkMPS(*mpsCheck, devs[0].UUID, stdout); err != nil {
+			fmt.Fprintf(stderr, "tessera gpus: MPS check: %v\n", err)
+			return exitError
+		}
+	}
 	return exitOK
+}
+
+// checkMPS runs the agent's MPS manager on one GPU in a scratch directory:
+// start (compute mode left as it is: this is a check, not a takeover), a
+// default thread percentage, a health check, and quit.
+func checkMPS(binary, uuid string, stdout io.Writer) error {
+	root, err := os.MkdirTemp("", "tessera-mps-check")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(root)
+	m := mps.New(mps.Config{Binary: binary, Root: root, GPUs: []mps.GPU{{UUID: uuid, DefaultThreadPercentage: 40}}})
+	ctx := context.Background()
+	start := time.Now()
+	if err := m.Start(ctx); err != nil {
+		return err
+	}
+	defer func() { _ = m.Stop(ctx) }()
+	got, err := m.Control(ctx, uuid, "get_default_active_thread_percentage")
+	if err != nil {
+		return err
+	}
+	m.Check(ctx)
+	fmt.Fprintf(stdout, "\nMPS on %s: daemon up in %v, pipe %s, default active thread percentage %s, restarts %d\n",
+		uuid, time.Since(start).Round(time.Millisecond), m.PipeDir(uuid), got, m.Restarts(uuid))
+	return nil
 }
 
 // reading prints a reading, or "n/a" where the GPU does not report it.

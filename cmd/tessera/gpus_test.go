@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -45,5 +47,22 @@ func TestGPUsWithoutADriver(t *testing.T) {
 		t.Logf("a driver is present:\n%s", out)
 	default:
 		t.Fatalf("exit %d: %s", code, errOut)
+	}
+}
+
+// TestGPUsMPSCheck runs the MPS check against the stand-in control program
+// that pkg/agent/mps's tests use.
+func TestGPUsMPSCheck(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "nvidia-cuda-mps-control")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../pkg/agent/mps/testdata/fakecontrol").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	srv := dgxh200.New()
+	nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{} })
+	defer func(f func() gonvml.Interface) { newNVML = f }(newNVML)
+	newNVML = func() gonvml.Interface { return srv }
+	code, out, errOut := runCLI(t, "gpus", "--samples", "0", "--mps-check", bin)
+	if code != exitOK || !strings.Contains(out, "default active thread percentage 40, restarts 0") {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
 }

@@ -131,6 +131,12 @@ func (m *Manager) start(ctx context.Context, g GPU) error {
 	return nil
 }
 
+// Control sends one command to a GPU's daemon through the control program
+// and returns its reply.
+func (m *Manager) Control(ctx context.Context, uuid, command string) (string, error) {
+	return m.control(ctx, uuid, command)
+}
+
 // control sends one command to a GPU's daemon through the control program.
 func (m *Manager) control(ctx context.Context, uuid, command string) (string, error) {
 	return m.run(ctx, uuid, command+"\n")
