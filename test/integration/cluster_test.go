@@ -62,7 +62,9 @@ func startCluster(t testing.TB) *cluster {
 	// Node would never be lifted, and without the token controller no
 	// service account would ever get its token.
 	srv := kubeapiservertesting.StartTestServerOrDie(t, kubeapiservertesting.NewDefaultTestServerOptions(),
-		[]string{"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition"}, sc)
+		[]string{"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+			// As kubeadm and managed clusters set it: node agents run privileged.
+			"--allow-privileged=true"}, sc)
 	t.Cleanup(srv.TearDownFn)
 
 	cfg := rest.CopyConfig(srv.ClientConfig)
