@@ -13,5 +13,7 @@ import (
 )
 
 func main() {
-	os.Exit(cli.Run(app.NewSchedulerCommand(app.WithPlugin(scheduler.Name, scheduler.New))))
+	os.Exit(cli.Run(app.NewSchedulerCommand(
+		app.WithPlugin(scheduler.Name, scheduler.New),
+		app.WithPlugin(scheduler.ResourcesFitName, scheduler.NewResourcesFit))))
 }

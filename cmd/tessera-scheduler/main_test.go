@@ -56,7 +56,7 @@ func setup(t *testing.T, schedulerConfig string) (map[string]*config.Plugins, er
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	_, sched, err := app.Setup(ctx, opts, app.WithPlugin(scheduler.Name, scheduler.New))
+	_, sched, err := app.Setup(ctx, opts, app.WithPlugin(scheduler.Name, scheduler.New), app.WithPlugin(scheduler.ResourcesFitName, scheduler.NewResourcesFit))
 	if err != nil {
 		return nil, err
 	}
@@ -113,8 +113,8 @@ func TestShippedConfig(t *testing.T) {
 	if b := names(tp.Bind); len(b) == 0 || b[0] != scheduler.Name {
 		t.Errorf("tessera-scheduler Bind = %v, want %s first", b, scheduler.Name)
 	}
-	if !slices.Contains(names(tp.Filter), "NodeResourcesFit") {
-		t.Errorf("tessera-scheduler Filter %v lost NodeResourcesFit: CPU and memory would go unchecked", names(tp.Filter))
+	if !slices.Contains(names(tp.Filter), scheduler.ResourcesFitName) || slices.Contains(names(tp.Filter), "NodeResourcesFit") {
+		t.Errorf("tessera-scheduler Filter %v: want %s in place of NodeResourcesFit, or CPU and memory would go unchecked", names(tp.Filter), scheduler.ResourcesFitName)
 	}
 	// The cluster's kube-scheduler keeps default-scheduler: serving it too
 	// would have two schedulers racing for every other pod.

@@ -55,6 +55,18 @@ type nodeState struct {
 	// raw is the inventory annotation the node was built from, so an update
 	// that does not change it costs nothing.
 	raw string
+	// memo remembers, per request shape, whether it fits and its score at
+	// the node's Version under memoAlloc: a pod changes one node, so the
+	// next pods of the same shape re-place on that node only. The
+	// allocator is deterministic, so a memoized answer is the answer.
+	memoAlloc *allocator.Allocator
+	memo      map[string]memoEntry
+}
+
+type memoEntry struct {
+	version uint64
+	reason  allocator.Reason
+	score   float64
 }
 
 // podRecord is one pod's booking. A booking whose node has no inventory (the
@@ -169,6 +181,29 @@ func (c *Cache) Place(a *allocator.Allocator, name string, r *allocator.Request,
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return a.Place(s.node, r, p), nil
+}
+
+// Fit is Place for Filter: whether a request of the given shape (its Key)
+// fits the node and its score, memoized per node version.
+func (c *Cache) Fit(a *allocator.Allocator, name, shape string, r *allocator.Request) (allocator.Reason, float64, error) {
+	c.mu.RLock()
+	s, ok := c.nodes[name]
+	c.mu.RUnlock()
+	if !ok {
+		return allocator.Reason{}, 0, errNoInventory
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.memoAlloc != a || s.memo == nil {
+		s.memoAlloc, s.memo = a, map[string]memoEntry{}
+	}
+	if e, ok := s.memo[shape]; ok && e.version == s.node.Version {
+		return e.reason, e.score, nil
+	}
+	var p allocator.Placement
+	reason := a.Place(s.node, r, &p)
+	s.memo[shape] = memoEntry{version: s.node.Version, reason: reason, score: p.Score}
+	return reason, p.Score, nil
 }
 
 // Reserve places and books a pod on a node in one step under the node's lock,

@@ -6,6 +6,9 @@ import (
 	"sync"
 	"testing"
 
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -277,5 +280,49 @@ func TestGonePodIsNotBookedAgain(t *testing.T) {
 	c.Gone("u2") // the hint and the handler both report it
 	if got := c.Snapshot("n1").GPUs[0].CoresUsed(); got != 0 {
 		t.Fatalf("GPU holds %d‰", got)
+	}
+}
+
+// TestFitMemoFollowsTheNode: a memoized answer is never stale: booking on the
+// node changes its version, and the next Fit places again.
+func TestFitMemoFollowsTheNode(t *testing.T) {
+	c := NewCache(1.5)
+	if _, err := c.SetNode("v1", testInventory("n1", 1, 81920, false)); err != nil {
+		t.Fatal(err)
+	}
+	a := newAllocator(t)
+	whole := compile(t, &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "m", GPUs: 1}}})
+	reason, _, err := c.Fit(a, "n1", whole.Key(), whole)
+	if err != nil || !reason.OK() {
+		t.Fatalf("empty node: %v, %v", reason, err)
+	}
+	if _, reason, err := c.Reserve(a, "u1", "ns/p", "n1", whole); err != nil || !reason.OK() {
+		t.Fatal(reason, err)
+	}
+	if reason, _, _ := c.Fit(a, "n1", whole.Key(), whole); reason.OK() {
+		t.Fatal("memo answered for the empty node after its GPU was booked")
+	}
+	c.Forget("u1")
+	if reason, _, _ := c.Fit(a, "n1", whole.Key(), whole); !reason.OK() {
+		t.Fatalf("after release: %v", reason)
+	}
+}
+
+func TestWithoutTesseraResources(t *testing.T) {
+	lim := v1.ResourceList{"tessera.dev/gpu": resource.MustParse("1"), "tessera.dev/gpu-memory": resource.MustParse("8192"),
+		v1.ResourceCPU: resource.MustParse("2"), "example.com/fpga": resource.MustParse("1")}
+	pod := &v1.Pod{Spec: v1.PodSpec{Containers: []v1.Container{{Name: "m", Resources: v1.ResourceRequirements{Limits: lim, Requests: lim.DeepCopy()}}}}}
+	got := withoutTesseraResources(pod)
+	for _, l := range []v1.ResourceList{got.Spec.Containers[0].Resources.Limits, got.Spec.Containers[0].Resources.Requests} {
+		if _, ok := l["tessera.dev/gpu"]; ok || len(l) != 2 {
+			t.Fatalf("stripped resources %v, want cpu and example.com/fpga only", l)
+		}
+	}
+	if len(pod.Spec.Containers[0].Resources.Limits) != 4 {
+		t.Fatal("the scheduler's pod was modified")
+	}
+	plain := &v1.Pod{Spec: v1.PodSpec{Containers: []v1.Container{{Name: "m"}}}}
+	if withoutTesseraResources(plain) != plain {
+		t.Fatal("a pod without tessera.dev resources was copied")
 	}
 }

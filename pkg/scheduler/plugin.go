@@ -143,14 +143,12 @@ func (p *Plugin) Name() string { return Name }
 
 // stateData is what PreFilter learns about a pod for the rest of its cycle.
 type stateData struct {
-	req   *allocator.Request
+	req *allocator.Request
+	// shape is req.Key(), computed once per cycle.
+	shape string
 	alloc *allocator.Allocator
 	// assignment is what Reserve booked, for Bind to write.
 	assignment *gpu.PodAssignment
-	// scores holds, per node name, the score of the placement Filter found
-	// (float64), so Score does not place the pod a second time. Filter runs
-	// on many nodes in parallel, hence the sync.Map.
-	scores sync.Map
 }
 
 // Clone shares the data: nothing in it changes after PreFilter except the
@@ -198,7 +196,7 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		unschedulable.WithLabelValues("InvalidRequest").Inc()
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
 	}
-	state.Write(stateKey, &stateData{req: req, alloc: p.workload.Current()})
+	state.Write(stateKey, &stateData{req: req, shape: req.Key(), alloc: p.workload.Current()})
 	return nil, nil
 }
 
@@ -235,8 +233,7 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod, node
 	if s == nil {
 		return nil
 	}
-	var pl allocator.Placement
-	reason, err := p.cache.Place(s.alloc, nodeInfo.Node().Name, s.req, &pl)
+	reason, _, err := p.cache.Fit(s.alloc, nodeInfo.Node().Name, s.shape, s.req)
 	if err != nil {
 		unschedulable.WithLabelValues("NoInventory").Inc()
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable,
@@ -246,7 +243,6 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod, node
 		unschedulable.WithLabelValues(reason.Code.String()).Inc()
 		return fwk.NewStatus(fwk.Unschedulable, reason.String())
 	}
-	s.scores.Store(nodeInfo.Node().Name, pl.Score)
 	return nil
 }
 
@@ -261,25 +257,22 @@ func (p *Plugin) PreScore(_ context.Context, state fwk.CycleState, _ *v1.Pod, _ 
 // scoreScale keeps the allocator's fractional scores distinct as integers.
 const scoreScale = 1e6
 
-// Score is the allocator's score of the node under the configured policy, as
-// Filter found it in this cycle. Usage may move between the two (bindings
-// complete, pods leave); the ranking may then be slightly stale, never the
-// booking: Reserve places again under the node's lock.
+// Score is the allocator's score of the node under the configured policy:
+// the memo Filter filled answers it without placing again, unless the node
+// changed in between (a binding completed, a pod left), when it is placed
+// afresh. Reserve places once more under the node's lock, so a ranking that
+// moved never books anything stale.
 func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
 	defer observe("Score", time.Now())
 	s := readState(state)
 	if s == nil {
 		return 0, nil
 	}
-	if v, ok := s.scores.Load(nodeInfo.Node().Name); ok {
-		return int64(math.Round(v.(float64) * scoreScale)), nil
-	}
-	var pl allocator.Placement
-	reason, err := p.cache.Place(s.alloc, nodeInfo.Node().Name, s.req, &pl)
+	reason, score, err := p.cache.Fit(s.alloc, nodeInfo.Node().Name, s.shape, s.req)
 	if err != nil || !reason.OK() {
 		return math.MinInt64 / 2, nil // changed since Filter; rank it last
 	}
-	return int64(math.Round(pl.Score * scoreScale)), nil
+	return int64(math.Round(score * scoreScale)), nil
 }
 
 // ScoreExtensions returns the plugin, which normalizes its own scores.

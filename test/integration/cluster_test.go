@@ -138,7 +138,7 @@ func (c *cluster) startScheduler(pluginArgs string) *runningScheduler {
 		c.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(c.ctx)
-	cc, sched, err := app.Setup(ctx, opts, app.WithPlugin(scheduler.Name, scheduler.New))
+	cc, sched, err := app.Setup(ctx, opts, app.WithPlugin(scheduler.Name, scheduler.New), app.WithPlugin(scheduler.ResourcesFitName, scheduler.NewResourcesFit))
 	if err != nil {
 		cancel()
 		c.t.Fatalf("scheduler setup: %v", err)

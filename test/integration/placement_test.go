@@ -8,6 +8,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
@@ -240,6 +241,17 @@ func TestMalformedRequestsStayPending(t *testing.T) {
 	}
 	c.createPod(ns, podSpec{name: "good", gpus: 1, memMi: 8192, cores: 10})
 	c.waitBound(ns, []string{"good"}, 30*time.Second)
+
+	// Not malformed, but too big for any node's CPU: the node resource check
+	// (NodeResourcesFit without the tessera.dev names) still applies.
+	big := makePod(ns, podSpec{name: "too-much-cpu", gpus: 1, memMi: 8192, cores: 10})
+	big.Spec.Containers[0].Resources.Requests[v1.ResourceCPU] = resource.MustParse("1000")
+	if _, err := c.client.CoreV1().Pods(ns).Create(c.ctx, big, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "too-much-cpu to be reported", func() bool {
+		return strings.Contains(c.unschedulableMessage(ns, "too-much-cpu"), "Insufficient cpu")
+	})
 	for name, tc := range cases {
 		waitFor(t, 30*time.Second, name+" to be reported", func() bool { return c.unschedulableMessage(ns, name) != "" })
 		msg := c.unschedulableMessage(ns, name)
