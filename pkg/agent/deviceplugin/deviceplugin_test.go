@@ -216,8 +216,9 @@ func TestWithKubeletDeviceManager(t *testing.T) {
 		t.Fatal(err)
 	}
 	clean := func() {
-		for _, f := range []string{"kubelet.sock", "kubelet_internal_checkpoint", deviceplugin.SocketName} {
-			_ = os.Remove(filepath.Join(dir, f))
+		socks, _ := filepath.Glob(filepath.Join(dir, deviceplugin.SocketPrefix+"*"))
+		for _, f := range append(socks, filepath.Join(dir, "kubelet.sock"), filepath.Join(dir, "kubelet_internal_checkpoint")) {
+			_ = os.Remove(f)
 		}
 	}
 	clean()

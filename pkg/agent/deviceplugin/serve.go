@@ -15,8 +15,12 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
-// SocketName is the plugin's socket in kubelet's device-plugin directory.
-const SocketName = "tessera-gpu.sock"
+// SocketPrefix starts the name of the plugin's socket in kubelet's
+// device-plugin directory. Each start uses a new name: kubelet keeps a
+// plugin's endpoint until its old connection notices the plugin left, and
+// refuses a registration on the same path until then ("device plugin already
+// connected") — with a fresh name the agent's restart is not at that mercy.
+const SocketPrefix = "tessera-gpu-"
 
 // Run serves the plugin in dir (pluginapi.DevicePluginPath on a node) and
 // registers it with the kubelet socket there, until ctx ends. When kubelet
@@ -49,19 +53,19 @@ func (p *Plugin) Run(ctx context.Context, dir string, checkEvery time.Duration) 
 			}
 		case seen == nil || !os.SameFile(seen, fi) || !fi.ModTime().Equal(seen.ModTime()):
 			stop()
-			s, err := p.serve(dir)
+			s, endpoint, err := p.serve(dir)
 			if err != nil {
 				return err
 			}
 			srv = s
-			if err := register(ctx, kubelet); err != nil {
+			if err := register(ctx, kubelet, endpoint); err != nil {
 				// Kubelet may still be starting; the next tick retries.
 				logger.Error(err, "Registering with kubelet failed; retrying", "socket", kubelet)
 				stop()
 				break
 			}
 			seen = fi
-			logger.Info("Registered with kubelet", "resource", ResourceName, "socket", filepath.Join(dir, SocketName))
+			logger.Info("Registered with kubelet", "resource", ResourceName, "socket", filepath.Join(dir, endpoint))
 		}
 		select {
 		case <-ctx.Done():
@@ -71,23 +75,28 @@ func (p *Plugin) Run(ctx context.Context, dir string, checkEvery time.Duration) 
 	}
 }
 
-// serve listens on a fresh plugin socket in dir.
-func (p *Plugin) serve(dir string) (*grpc.Server, error) {
-	path := filepath.Join(dir, SocketName)
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("remove stale plugin socket: %w", err)
+// serve listens on a fresh plugin socket in dir, after removing the sockets
+// of earlier starts, and returns the socket's name.
+func (p *Plugin) serve(dir string) (*grpc.Server, string, error) {
+	old, _ := filepath.Glob(filepath.Join(dir, SocketPrefix+"*.sock"))
+	for _, o := range old {
+		if err := os.Remove(o); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, "", fmt.Errorf("remove stale plugin socket: %w", err)
+		}
 	}
+	name := fmt.Sprintf("%s%d.sock", SocketPrefix, time.Now().UnixNano())
+	path := filepath.Join(dir, name)
 	l, err := net.Listen("unix", path)
 	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", path, err)
+		return nil, "", fmt.Errorf("listen on %s: %w", path, err)
 	}
 	srv := grpc.NewServer()
 	pluginapi.RegisterDevicePluginServer(srv, p)
 	go func() { _ = srv.Serve(l) }()
-	return srv, nil
+	return srv, name, nil
 }
 
-func register(ctx context.Context, kubeletSocket string) error {
+func register(ctx context.Context, kubeletSocket, endpoint string) error {
 	conn, err := grpc.NewClient("unix://"+kubeletSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
@@ -96,7 +105,7 @@ func register(ctx context.Context, kubeletSocket string) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	_, err = pluginapi.NewRegistrationClient(conn).Register(ctx, &pluginapi.RegisterRequest{
-		Version: pluginapi.Version, Endpoint: SocketName, ResourceName: ResourceName, Options: Options(),
+		Version: pluginapi.Version, Endpoint: endpoint, ResourceName: ResourceName, Options: Options(),
 	})
 	return err
 }
