@@ -93,12 +93,6 @@ func New(opts Options) (*Agent, error) {
 	}
 	a.adj = adj
 	c, err := nvml.New(opts.NVML)
-	defer func() {
-		// Every GPU starts at the most slices; the forecast lowers it.
-		for _, d := range a.devices {
-			a.adj.Track(d.UUID, cfg.Fragments.MaxSlices, 0)
-		}
-	}()
 	switch {
 	case errors.Is(err, nvml.ErrNoDriver) && opts.AllowNoGPU:
 		klog.Background().Info("No NVIDIA driver; running as an empty node", "err", err)
@@ -113,6 +107,10 @@ func New(opts Options) (*Agent, error) {
 		if err != nil {
 			klog.Background().Error(err, "Some GPUs could not be read; they are left out")
 		}
+	}
+	// Every GPU starts at the most slices; the forecast lowers it.
+	for _, d := range a.devices {
+		a.adj.Track(d.UUID, cfg.Fragments.MaxSlices, 0)
 	}
 	if opts.MPS && a.gpus != nil {
 		var gs []mps.GPU
