@@ -20,6 +20,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
@@ -337,22 +338,13 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 	}
 	errc := make(chan error, 3)
 	go func() { errc <- a.Plugin.Run(ctx, pluginDir, time.Second) }()
-	go func() {
-		t := time.NewTicker(30 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if n, err := a.Plugin.CollectSpecs(ctx); err != nil {
-					logger.Error(err, "Collecting CDI specs of finished containers failed")
-				} else if n > 0 {
-					logger.V(2).Info("Collected CDI specs of finished containers", "count", n)
-				}
-			}
+	go wait.UntilWithContext(ctx, func(ctx context.Context) {
+		if n, err := a.Plugin.CollectSpecs(ctx); err != nil {
+			logger.Error(err, "Collecting CDI specs of finished containers failed")
+		} else if n > 0 {
+			logger.V(2).Info("Collected CDI specs of finished containers", "count", n)
 		}
-	}()
+	}, 30*time.Second)
 	if a.gpus != nil {
 		go func() {
 			// Without events a fault is only seen when the GPU stops
@@ -361,24 +353,16 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 				logger.Error(err, "Not watching GPUs for XID events; faults will be seen only when a GPU stops answering")
 			}
 		}()
-		go func() {
-			t := time.NewTicker(a.opts.Config.Fragments.SampleInterval.Duration)
-			defer t.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case now := <-t.C:
-					if err := a.Sampler.Pass(now); err != nil {
-						logger.V(2).Info("Sampling pass incomplete", "err", err)
-					}
-					a.Adjust(ctx, a.Sampler.Utilization(), now)
-					if err := a.Refresh(ctx, now); err != nil {
-						logger.Error(err, "Publishing the GPU inventory failed")
-					}
-				}
+		go wait.UntilWithContext(ctx, func(ctx context.Context) {
+			now := time.Now()
+			if err := a.Sampler.Pass(now); err != nil {
+				logger.V(2).Info("Sampling pass incomplete", "err", err)
 			}
-		}()
+			a.Adjust(ctx, a.Sampler.Utilization(), now)
+			if err := a.Refresh(ctx, now); err != nil {
+				logger.Error(err, "Publishing the GPU inventory failed")
+			}
+		}, a.opts.Config.Fragments.SampleInterval.Duration)
 	}
 	srv := &http.Server{Addr: metricsAddr, Handler: promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
 	go func() {

@@ -22,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 )
 
@@ -182,16 +183,7 @@ func (m *Manager) Check(ctx context.Context) {
 
 // Run checks the daemons every interval until ctx ends.
 func (m *Manager) Run(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			m.Check(ctx)
-		}
-	}
+	wait.UntilWithContext(ctx, m.Check, every)
 }
 
 // Stop tells every daemon to quit.
