@@ -167,11 +167,12 @@ func (a *Agent) slicesOf(uuid string) int {
 	return a.adj.Slices(uuid)
 }
 
-// slices is what a GPU is advertised as, and how many containers of this
-// node's running pods are assigned to it.
-func (a *Agent) slices(uuid string) (total, allocated int) {
+// allocated counts, per GPU UUID, the containers of this node's running pods
+// assigned to it, from one listing of the node's pods.
+func (a *Agent) allocated() map[string]int {
+	out := map[string]int{}
 	if a.opts.NodePods == nil {
-		return a.slicesOf(uuid), 0
+		return out
 	}
 	for _, p := range a.opts.NodePods() {
 		asg, err := podgpu.BoundAssignment(p)
@@ -180,13 +181,22 @@ func (a *Agent) slices(uuid string) (total, allocated int) {
 		}
 		for _, c := range asg.Containers {
 			for _, g := range c.GPUs {
-				if g.UUID == uuid {
-					allocated++
-				}
+				out[g.UUID]++
 			}
 		}
 	}
-	return a.slicesOf(uuid), allocated
+	return out
+}
+
+// slices is, per GPU, what it is advertised as and how many containers are
+// assigned to it: the metrics' slice series, once per sampling pass.
+func (a *Agent) slices() map[string]metrics.SliceCount {
+	used := a.allocated()
+	out := make(map[string]metrics.SliceCount, len(a.devices))
+	for _, d := range a.devices {
+		out[d.UUID] = metrics.SliceCount{Total: a.slicesOf(d.UUID), Allocated: used[d.UUID]}
+	}
+	return out
 }
 
 // Inventory is the node's GPUs as of now, with their health.
@@ -216,6 +226,7 @@ func (a *Agent) Refresh(ctx context.Context, now time.Time) error {
 		slots = append(slots, deviceplugin.GPUSlots{UUID: g.UUID, Slices: g.Slices, Healthy: g.Healthy})
 	}
 	a.Plugin.SetGPUs(slots)
+	published := *inv // what the next Refresh compares with: GPUs only
 	// CPU and memory come from the Node's allocatable (kubelet's numbers).
 	if n, err := a.opts.Client.CoreV1().Nodes().Get(ctx, a.opts.Node, metav1.GetOptions{}); err == nil {
 		inv.CPUMilli = n.Status.Allocatable.Cpu().MilliValue()
@@ -224,9 +235,8 @@ func (a *Agent) Refresh(ctx context.Context, now time.Time) error {
 	if err := inventory.Publish(ctx, a.opts.Client, inv); err != nil {
 		return err
 	}
-	published := a.Inventory(now)
 	a.mu.Lock()
-	a.published = published
+	a.published = &published
 	a.mu.Unlock()
 	klog.FromContext(ctx).Info("Published GPU inventory", "node", a.opts.Node, "gpus", len(inv.GPUs), "unhealthy", a.health.Unhealthy(now))
 	return nil
@@ -251,10 +261,7 @@ func (a *Agent) Adjust(ctx context.Context, util map[string]float64, now time.Ti
 	if !evaluate {
 		return
 	}
-	inUse := map[string]int{}
-	for _, d := range a.devices {
-		_, inUse[d.UUID] = a.slices(d.UUID)
-	}
+	inUse := a.allocated()
 	a.adjMu.Lock()
 	a.lastEval = now
 	for _, d := range a.devices {

@@ -8,6 +8,7 @@ import (
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -38,20 +39,26 @@ func published(t *testing.T, c *fake.Clientset) *gpu.NodeInventory {
 	return inv
 }
 
+// startedAgent is an agent on a DGX H100 mock whose GPUs all read r, with
+// its node in a fake API server.
+func startedAgent(t *testing.T, r *nvmltest.Reading) (*server.Server, *fake.Clientset, *Agent) {
+	t.Helper()
+	srv := dgxh100.New()
+	nvmltest.Install(srv, func(int) *nvmltest.Reading { c := *r; return &c })
+	client := newNode()
+	a, err := New(Options{Node: "n1", Config: config.Default(), Client: client, NVML: srv, CDIDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, client, a
+}
+
 // TestFaultsReachTheInventory: the agent publishes its GPUs as the scheduler
 // reads them; an XID takes a GPU out in the published inventory at once and
 // it returns after the quiet period.
 func TestFaultsReachTheInventory(t *testing.T) {
-	srv := dgxh100.New()
-	nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{SMCount: 132, NVLink: true} })
-	client := newNode()
-	cfg := config.Default()
-	a, err := New(Options{Node: "n1", Config: cfg, Client: client, NVML: srv, CDIDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	t0 := time.Now()
+	_, client, a := startedAgent(t, &nvmltest.Reading{SMCount: 132, NVLink: true})
+	cfg, ctx, t0 := a.opts.Config, context.Background(), time.Now()
 	if err := a.Refresh(ctx, t0); err != nil {
 		t.Fatal(err)
 	}
@@ -118,8 +125,8 @@ func TestSlicesAllocatedFollowAssignments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if total, used := a.slices(uuid); total != 8 || used != 2 {
-		t.Fatalf("slices = %d total, %d allocated; want 8 (fragments.maxSlices) and 2", total, used)
+	if c := a.slices()[uuid]; c.Total != 8 || c.Allocated != 2 {
+		t.Fatalf("slices = %d total, %d allocated; want 8 (fragments.maxSlices) and 2", c.Total, c.Allocated)
 	}
 }
 
@@ -128,16 +135,8 @@ func TestSlicesAllocatedFollowAssignments(t *testing.T) {
 // above 85 %, and the scheduler's inventory carries the new count; an idle
 // GPU at the most slices stays there.
 func TestForecastLoadLowersTheSliceCount(t *testing.T) {
-	srv := dgxh100.New()
-	nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{} })
-	client := newNode()
-	cfg := config.Default()
-	a, err := New(Options{Node: "n1", Config: cfg, Client: client, NVML: srv})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	t0 := time.Now()
+	srv, client, a := startedAgent(t, &nvmltest.Reading{})
+	cfg, ctx, t0 := a.opts.Config, context.Background(), time.Now()
 	if err := a.Refresh(ctx, t0); err != nil {
 		t.Fatal(err)
 	}

@@ -170,21 +170,9 @@ func (c *Cache) MaxGPUMemoryMiB() int64 {
 // errNoInventory says a node has no GPU inventory in the cache.
 var errNoInventory = errors.New("no GPU inventory")
 
-// Place runs the allocator on a node's current usage without booking.
-func (c *Cache) Place(a *allocator.Allocator, name string, r *allocator.Request, p *allocator.Placement) (allocator.Reason, error) {
-	c.mu.RLock()
-	s, ok := c.nodes[name]
-	c.mu.RUnlock()
-	if !ok {
-		return allocator.Reason{}, errNoInventory
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return a.Place(s.node, r, p), nil
-}
-
-// Fit is Place for Filter: whether a request of the given shape (its Key)
-// fits the node and its score, memoized per node version.
+// Fit runs the allocator on a node's current usage without booking: whether
+// a request of the given shape (its Key) fits and its score, memoized per
+// node version.
 func (c *Cache) Fit(a *allocator.Allocator, name, shape string, r *allocator.Request) (allocator.Reason, float64, error) {
 	c.mu.RLock()
 	s, ok := c.nodes[name]

@@ -80,9 +80,11 @@ func (s *Stall) Ratio() float64 {
 	return float64(stalled) / float64(busy)
 }
 
-// Slices says how many slices a GPU advertises and how many are handed out;
-// the device plugin answers it.
-type Slices func(uuid string) (total, allocated int)
+// SliceCount is how many slices a GPU advertises and how many are handed out.
+type SliceCount struct{ Total, Allocated int }
+
+// Slices gives every GPU's SliceCount by UUID; a pass asks it once.
+type Slices func() map[string]SliceCount
 
 // Sampler runs sampling passes and is the Prometheus collector of their
 // results.
@@ -105,7 +107,7 @@ type gpuSnapshot struct {
 	model   string
 	stall   float64
 	healthy bool
-	slices  [2]int
+	slices  SliceCount
 	tenants map[tenants.Tenant]*tenantUse
 }
 
@@ -117,8 +119,15 @@ type tenantUse struct {
 // NewSampler samples gpus on node; resolver may be nil (no per-tenant
 // series), slices may be nil (no slice series).
 func NewSampler(node string, gpus *nvml.Client, resolver *tenants.Resolver, tracker *health.Tracker, slices Slices, stallWindow time.Duration) *Sampler {
-	return &Sampler{node: node, gpus: gpus, resolver: resolver, health: tracker, slices: slices,
+	s := &Sampler{node: node, gpus: gpus, resolver: resolver, health: tracker, slices: slices,
 		models: map[string]string{}, stalls: map[string]*Stall{}, window: stallWindow}
+	// The GPUs as read at start: their models label every series, and one
+	// that stops enumerating later is reported lost.
+	devs, _ := gpus.Devices()
+	for _, d := range devs {
+		s.models[d.UUID] = d.Model
+	}
+	return s
 }
 
 // Pass samples every GPU once at now and publishes the result. A GPU that
@@ -138,13 +147,6 @@ func (s *Sampler) Pass(now time.Time) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.models) < len(usage) {
-		if devs, _ := s.gpus.Devices(); devs != nil {
-			for _, d := range devs {
-				s.models[d.UUID] = d.Model
-			}
-		}
-	}
 	// A GPU read at start that no longer enumerates (fell off the bus, or
 	// was removed) is lost: out of service, and kept in the inventory so the
 	// bookings of pods still bound to it stay accounted.
@@ -156,6 +158,10 @@ func (s *Sampler) Pass(now time.Time) error {
 		if !seen[uuid] {
 			s.health.Lost(uuid, now)
 		}
+	}
+	var counts map[string]SliceCount
+	if s.slices != nil {
+		counts = s.slices()
 	}
 	snap := make([]gpuSnapshot, 0, len(usage))
 	for _, u := range usage {
@@ -172,9 +178,7 @@ func (s *Sampler) Pass(now time.Time) error {
 		st.Add(now, u)
 		g := gpuSnapshot{usage: u, model: s.models[u.UUID], stall: st.Ratio()}
 		g.healthy, _, _ = s.health.Healthy(u.UUID, now)
-		if s.slices != nil {
-			g.slices[0], g.slices[1] = s.slices(u.UUID)
-		}
+		g.slices = counts[u.UUID]
 		for _, p := range u.Processes {
 			t, ok := who[p.PID]
 			if !ok {
@@ -257,8 +261,8 @@ func (s *Sampler) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(descHealthy, b2f(g.healthy), l)
 		if s.slices != nil {
-			gauge(descSlices, float64(g.slices[0]), l)
-			gauge(descAlloc, float64(g.slices[1]), l)
+			gauge(descSlices, float64(g.slices.Total), l)
+			gauge(descAlloc, float64(g.slices.Allocated), l)
 		}
 		if u.Lost {
 			continue

@@ -88,7 +88,15 @@ func newNode(t testing.TB, procsPerGPU int) *node {
 		t.Fatal(err)
 	}
 	res := tenants.NewResolver(proc, func() []*v1.Pod { return pods })
-	n.sampler = NewSampler("node-a", c, res, n.tracker, func(uuid string) (int, int) { return 4, 2 }, 5*time.Minute)
+	slices := func() map[string]SliceCount {
+		out := map[string]SliceCount{}
+		for _, d := range srv.Devices {
+			uuid, _ := d.GetUUID()
+			out[uuid] = SliceCount{Total: 4, Allocated: 2}
+		}
+		return out
+	}
+	n.sampler = NewSampler("node-a", c, res, n.tracker, slices, 5*time.Minute)
 	return n
 }
 
