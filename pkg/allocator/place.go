@@ -177,7 +177,10 @@ func sliceFits(r *Request, c *Container, g *GPU, u usage, oversub float64) (mode
 
 // sliceMode is the decision order of DESIGN.md for one GPU: a pod that allows
 // MPS runs as an MPS client on an MPS-capable GPU, otherwise time-sliced; a GPU
-// already running a mode only takes tenants of that mode.
+// already running a mode only takes tenants of that mode. A pod that insists
+// on time-slicing never goes to an MPS-mode GPU: the agent keeps those in
+// exclusive-process compute mode for their MPS daemon, where a second
+// process outside MPS cannot open a context.
 func sliceMode(sharing gpu.SharingMode, g *GPU, u usage) (mode, bool) {
 	var want mode
 	switch sharing {
@@ -187,6 +190,9 @@ func sliceMode(sharing gpu.SharingMode, g *GPU, u usage) (mode, bool) {
 		}
 		want = modeMPS
 	case gpu.ModeTimeSlicing:
+		if g.MPS {
+			return 0, false
+		}
 		want = modeTimeSlicing
 	default:
 		want = modeTimeSlicing
@@ -266,7 +272,7 @@ func nvlinkClique(n *Node, free uint64, count int) uint64 {
 // diagnose explains why no GPU takes a slice of c. It is off the hot path.
 func (a *Allocator) diagnose(n *Node, r *Request, c *Container, after *[MaxGPUsPerNode]usage, taken uint64) Reason {
 	why := Reason{Code: NoFragment, GPU: -1}
-	healthy, allowed, mps, conflict := false, false, false, -1
+	healthy, allowed, mps, plain, conflict := false, false, false, false, -1
 	full, fullCap := -1, 0
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
@@ -279,6 +285,7 @@ func (a *Allocator) diagnose(n *Node, r *Request, c *Container, after *[MaxGPUsP
 		}
 		allowed = true
 		mps = mps || g.MPS
+		plain = plain || !g.MPS
 		mem, cores := c.slice(g)
 		why.Want, why.WantCores = mem, cores
 		u := after[i]
@@ -309,6 +316,8 @@ func (a *Allocator) diagnose(n *Node, r *Request, c *Container, after *[MaxGPUsP
 		return Reason{Code: NoAllowedModel, Models: r.Models, GPU: -1}
 	case r.Sharing == gpu.ModeMPS && !mps:
 		return Reason{Code: NoMPS, GPU: -1}
+	case r.Sharing == gpu.ModeTimeSlicing && !plain:
+		return Reason{Code: NoTimeSlicing, GPU: -1}
 	case why.GPU < 0 && full >= 0:
 		return Reason{Code: SlicesFull, GPU: full, Have: int64(fullCap)}
 	case why.GPU < 0 && conflict >= 0:

@@ -98,12 +98,13 @@ func TestPlaceDecisionOrder(t *testing.T) {
 			reason: "no MPS-capable GPU",
 		},
 		{
-			name:   "time-slicing asked on a GPU running MPS must wait for another GPU",
+			// The agent keeps MPS-mode GPUs in exclusive-process compute
+			// mode: a second process outside MPS could not open a context.
+			name:   "time-slicing asked never goes to an MPS-mode GPU, even a free one",
 			mps:    true,
 			before: []*gpu.Request{slice(1024, 10), slice(1024, 10)},
 			req:    &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1, MemoryMiB: 1024, CoresPercent: 10}}, Sharing: gpu.ModeTimeSlicing},
-			// binpack put both MPS slices on GPU 0; GPU 1 is free.
-			want: []grantSummary{{1, 1024, 100, gpu.ModeTimeSlicing}},
+			reason: "every GPU runs MPS",
 		},
 		{
 			name:   "exclusive annotation takes a whole GPU even with a size",

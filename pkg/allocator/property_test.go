@@ -148,7 +148,7 @@ func oracleFits(n *Node, r *Request, oversub float64) (bool, bool) {
 		if r.Sharing == gpu.ModeMPS || (r.Sharing == gpu.ModeAuto && g.MPS) {
 			mode = modeMPS
 		}
-		if r.Sharing == gpu.ModeMPS && !g.MPS {
+		if (r.Sharing == gpu.ModeMPS && !g.MPS) || (r.Sharing == gpu.ModeTimeSlicing && g.MPS) {
 			continue
 		}
 		if g.use.mode != modeNone && g.use.mode != mode {

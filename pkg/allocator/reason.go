@@ -21,9 +21,10 @@ const (
 	ModeConflict
 	NoMPS
 	SlicesFull
+	NoTimeSlicing
 )
 
-var codeNames = [...]string{"Fits", "InsufficientCPU", "InsufficientMemory", "NoAllowedModel", "NoHealthyGPU", "NotEnoughWholeGPUs", "NoFragment", "ModeConflict", "NoMPS", "SlicesFull"}
+var codeNames = [...]string{"Fits", "InsufficientCPU", "InsufficientMemory", "NoAllowedModel", "NoHealthyGPU", "NotEnoughWholeGPUs", "NoFragment", "ModeConflict", "NoMPS", "SlicesFull", "NoTimeSlicing"}
 
 func (c Code) String() string {
 	if int(c) < len(codeNames) {
@@ -73,6 +74,8 @@ func (r Reason) String() string {
 			r.Want, pct(r.WantCores), r.Have, pct(r.HaveCores), r.GPU)
 	case NoMPS:
 		return "no MPS-capable GPU, and the pod asks for tessera.dev/sharing=mps"
+	case NoTimeSlicing:
+		return "every GPU runs MPS, and the pod asks for tessera.dev/sharing=time-slicing (use mps or auto)"
 	case SlicesFull:
 		return fmt.Sprintf("GPUs with room hold as many slices as their agent offers (GPU %d: %d); the count follows the GPU's forecast load", r.GPU, r.Have)
 	case ModeConflict:
