@@ -3,10 +3,15 @@
 GO ?= go
 OPENB ?= ../shared/traces/openb
 
-.PHONY: demo test test-short rules promtool bench bench-sim bench-scheduler fuzz build vet fmt-check openb clean
+.PHONY: demo demo-sim test test-short rules promtool bench bench-sim bench-scheduler fuzz build vet fmt-check openb clean
 
-## demo: replay the built-in synthetic workload through every policy and print the summary.
+## demo: a local playground cluster (4 simulated nodes × 8 H100s) with a sample workload; prints where each pod landed.
 demo:
+	$(GO) build -o bin/tessera ./cmd/tessera
+	./bin/tessera up --demo
+
+## demo-sim: replay the built-in synthetic workload through every policy and print the summary.
+demo-sim:
 	$(GO) run ./cmd/tessera sim --seeds 42-46
 
 ## test: every test of the repository (vet, formatting and the Prometheus rules first); the openb replays need ../shared.

@@ -1,6 +1,8 @@
 // Command tessera is the operator's tool: `tessera sim` replays a GPU-sharing
 // trace through Tessera's allocator and compares scoring policies; `tessera
-// gpus` reads the node's GPUs through NVML as the agent does.
+// up` runs a local GPU cluster playground; `tessera top` shows who holds
+// which GPU slice; `tessera gpus` reads the node's GPUs through NVML as the
+// agent does.
 package main
 
 import (
@@ -21,10 +23,12 @@ const usage = `tessera — fine-grained GPU sharing for Kubernetes
 
 Usage:
   tessera sim [flags]     replay a trace (or the built-in workload) through the allocator
+  tessera up [flags]      a local GPU cluster in this process (--demo: with a sample workload)
+  tessera top [flags]     who holds which GPU slice, per GPU, from a kubeconfig
   tessera gpus [flags]    read this node's GPUs through NVML as the agent does
   tessera version         print the version
 
-Run 'tessera sim -h' for the simulator's flags.
+Run 'tessera <command> -h' for a command's flags.
 `
 
 // version is set at build time with -ldflags "-X main.version=…".
@@ -44,6 +48,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runSim(args[1:], stdout, stderr)
 	case "gpus":
 		return runGPUs(args[1:], stdout, stderr)
+	case "up":
+		return runUp(args[1:], stdout, stderr)
+	case "top":
+		return runTop(args[1:], stdout, stderr)
+	case "mps-control":
+		// Not in the usage: the playground runs it as nvidia-cuda-mps-control.
+		return runMPSControl(args[1:], stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, version)
 		return exitOK

@@ -329,9 +329,15 @@ func (a *Agent) Observe(ctx context.Context, ev nvml.Event, now time.Time) {
 	}
 }
 
+// MetricsHandler serves the agent's Prometheus metrics.
+func (a *Agent) MetricsHandler() http.Handler {
+	return promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{})
+}
+
 // Run runs every part until ctx ends: the MPS daemons, the device plugin in
 // pluginDir, the fault watch, the sampling passes (which also return GPUs
-// whose quiet period passed) and the metrics endpoint on metricsAddr.
+// whose quiet period passed) and the metrics endpoint on metricsAddr (none
+// when empty: the caller serves MetricsHandler itself).
 func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 	logger := klog.FromContext(ctx)
 	if a.MPS != nil {
@@ -371,13 +377,15 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 			}
 		}, a.opts.Config.Fragments.SampleInterval.Duration)
 	}
-	srv := &http.Server{Addr: metricsAddr, Handler: promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			errc <- fmt.Errorf("metrics endpoint: %w", err)
-		}
-	}()
-	defer srv.Close()
+	if metricsAddr != "" {
+		srv := &http.Server{Addr: metricsAddr, Handler: a.MetricsHandler(), ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("metrics endpoint: %w", err)
+			}
+		}()
+		defer srv.Close()
+	}
 	select {
 	case <-ctx.Done():
 		return nil

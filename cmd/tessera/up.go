@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/pkg/agent/mps/mpssim"
+	"github.com/tessera-gpu/tessera/pkg/playground"
+	"github.com/tessera-gpu/tessera/pkg/top"
+)
+
+// runUp is `tessera up`: a local GPU cluster in this process, until Ctrl-C
+// (or, with --demo, until the sample workload is shown).
+func runUp(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("tessera up", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		opts    playground.Options
+		demo    = fs.Bool("demo", false, "submit a sample workload, print where it landed, and exit")
+		keep    = fs.Bool("keep", false, "with --demo: stay up afterwards until Ctrl-C")
+		mps     = fs.Int("mps-nodes", -1, "how many nodes run their GPUs in MPS mode (default: half, rounded up)")
+		verbose = fs.Int("v", 0, "log verbosity of the components (their log goes to <dir>/tessera-up.log)")
+	)
+	fs.IntVar(&opts.Nodes, "nodes", 4, "simulated GPU nodes")
+	fs.IntVar(&opts.GPUsPerNode, "gpus-per-node", 8, "GPUs per node (1–8)")
+	fs.StringVar(&opts.Model, "gpu-model", "h100", "GPU model of every node: "+strings.Join(playground.Models, ", "))
+	if err := fs.Parse(args); err != nil {
+		return exitUsage
+	}
+	opts.MPSNodes = *mps
+	if opts.MPSNodes < 0 {
+		opts.MPSNodes = (opts.Nodes + 1) / 2
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(stderr, "tessera up: %v\n", err)
+		return exitError
+	}
+	opts.MPSControl = []string{exe, "mps-control"}
+	if err := opts.Validate(); err != nil {
+		fmt.Fprintf(stderr, "tessera up: %v\n", err)
+		return exitUsage
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	dir, err := os.MkdirTemp("", "tessera-up-")
+	if err != nil {
+		fmt.Fprintf(stderr, "tessera up: %v\n", err)
+		return exitError
+	}
+	defer os.RemoveAll(dir)
+	opts.Dir = dir
+	logPath := filepath.Join(dir, "tessera-up.log")
+	if err := logToFile(logPath, *verbose); err != nil {
+		fmt.Fprintf(stderr, "tessera up: %v\n", err)
+		return exitError
+	}
+	defer klog.Flush()
+
+	start := time.Now()
+	fmt.Fprintf(stdout, "Starting %d %s nodes × %d GPUs (%d in MPS mode) …\n", opts.Nodes, opts.Model, opts.GPUsPerNode, opts.MPSNodes)
+	c, err := playground.Up(ctx, opts)
+	if err != nil {
+		fmt.Fprintf(stderr, "tessera up: %v (log: %s)\n", err, logPath)
+		return exitError
+	}
+	defer func() {
+		fmt.Fprintln(stdout, "Shutting down …")
+		c.Down()
+	}()
+	fmt.Fprintf(stdout, "Cluster up in %.1f s.\n\n", time.Since(start).Seconds())
+	var metrics []string
+	for _, n := range c.Nodes {
+		metrics = append(metrics, n.MetricsURL)
+	}
+	if !*demo || *keep {
+		fmt.Fprintf(stdout, `  export KUBECONFIG=%s
+  kubectl get nodes
+  kubectl get pods -A -o wide
+  tessera top --kubeconfig %s --metrics %s
+
+Scheduler metrics: %s (self-signed HTTPS)
+Agent metrics:     %s
+Components' log:   %s
+
+`, c.Kubeconfig, c.Kubeconfig, strings.Join(metrics, ","), c.SchedulerMetricsURL, strings.Join(metrics, " "), logPath)
+	}
+	if *demo {
+		if err := runDemo(ctx, c, start, metrics, stdout); err != nil {
+			fmt.Fprintf(stderr, "tessera up: demo: %v\n", err)
+			return exitError
+		}
+		if !*keep {
+			return exitOK
+		}
+	}
+	fmt.Fprintln(stdout, "Up. Ctrl-C stops everything and removes", dir)
+	<-ctx.Done()
+	return exitOK
+}
+
+// logToFile sends the components' klog output to path: kube-apiserver and
+// the scheduler log a great deal, and the terminal is for the user.
+func logToFile(path string, verbosity int) error {
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	return fs.Parse([]string{"-logtostderr=false", "-alsologtostderr=false", "-stderrthreshold=FATAL",
+		"-one_output=true", "-skip_log_headers=true", "-log_file=" + path, fmt.Sprintf("-v=%d", verbosity)})
+}
+
+// runDemo submits the sample workload, waits for it to settle and prints
+// the table.
+func runDemo(ctx context.Context, c *playground.Cluster, start time.Time, metrics []string, stdout io.Writer) error {
+	specs := playground.DemoWorkload()
+	submitted := time.Now()
+	if err := playground.Submit(ctx, c.Client, playground.DemoNamespace, specs); err != nil {
+		return err
+	}
+	s, err := playground.WaitSettled(ctx, c.Client, playground.DemoNamespace, 60*time.Second)
+	if err != nil {
+		return err
+	}
+	if s.FirstRunning.IsZero() {
+		return errors.New("no pod of the sample workload reached Running")
+	}
+	// One sampling pass (500 ms) after the last start gives every tenant
+	// its usage series.
+	time.Sleep(1500 * time.Millisecond)
+	snap, err := top.Collect(ctx, c.Client)
+	if err != nil {
+		return err
+	}
+	for _, m := range metrics {
+		if err := snap.AddUsage(ctx, m); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(stdout, "Submitted %d pods; %d Running. First pod Running %.1f s after submission, %.1f s after `tessera up` started.\n\n",
+		len(specs), s.Running, s.FirstRunning.Sub(submitted).Seconds(), s.FirstRunning.Sub(start).Seconds())
+	if err := top.Render(stdout, snap); err != nil {
+		return err
+	}
+	for name, why := range s.Waiting {
+		fmt.Fprintf(stdout, "not running: %s: %s\n", name, why)
+	}
+	return nil
+}
+
+// runMPSControl is `tessera mps-control`: the playground's stand-in for
+// nvidia-cuda-mps-control (see package mpssim).
+func runMPSControl(args []string, stdout, stderr io.Writer) int {
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return exitError
+	}
+	return mpssim.Main([]string{exe, "mps-control"}, args, os.Stdin, stdout, stderr)
+}

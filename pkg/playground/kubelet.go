@@ -1,0 +1,637 @@
+package playground
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
+	"k8s.io/kubernetes/pkg/kubelet/apis/podresources"
+	dpv1beta1 "k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/plugin/v1beta1"
+
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+)
+
+// AnnotationRunFor makes a playground pod's containers exit successfully
+// after the given duration ("30s"); without it they run until deleted.
+const AnnotationRunFor = "playground.tessera.dev/run-for"
+
+// kubelet is the playground's stand-in for one node's kubelet: it registers
+// the Node, runs kubelet's own device-plugin registration server and plugin
+// client (devicemanager/plugin/v1beta1) on this node's socket, serves
+// kubelet's own pod-resources server, and "runs" the pods bound here: each
+// GPU container gets its slots through GetPreferredAllocation, Allocate and
+// PreStartContainer — exactly the calls, in kubelet's order, that a real
+// node makes — before the pod is reported Running. Containers run nothing;
+// their GPU processes are simulated on the node's NVML mock (see load).
+type kubelet struct {
+	node   string
+	client kubernetes.Interface
+	// dir holds device-plugins/ and pod-resources/ as /var/lib/kubelet does.
+	dir  string
+	load *load
+
+	reg      dpv1beta1.Server
+	podRes   *grpc.Server
+	queue    workqueue.TypedRateLimitingInterface[types.UID]
+	informer cache.SharedIndexInformer
+
+	mu      sync.Mutex
+	plugin  dpv1beta1.DevicePlugin
+	devices map[string]bool                   // slot → healthy
+	held    map[types.UID]map[string][]string // pod → container → slots
+	running map[types.UID]*v1.Pod             // pods whose containers run
+	started map[types.UID]map[string]string   // pod → container → runtime ID
+	stopAt  map[types.UID]*time.Timer         // run-for timers
+	synced  map[string]int64                  // last tessera.dev/gpu capacity written
+}
+
+func (k *kubelet) pluginDir() string { return filepath.Join(k.dir, "device-plugins") }
+func (k *kubelet) podResourcesSocket() string {
+	return filepath.Join(k.dir, "pod-resources", "kubelet.sock")
+}
+
+// nodeCapacity is what every playground node offers besides GPUs.
+var nodeCapacity = v1.ResourceList{
+	v1.ResourceCPU:    resource.MustParse("128"),
+	v1.ResourceMemory: resource.MustParse("1Ti"),
+	v1.ResourcePods:   resource.MustParse("250"),
+}
+
+func newKubelet(node, dir string, client kubernetes.Interface, l *load) *kubelet {
+	return &kubelet{
+		node: node, dir: dir, client: client, load: l,
+		queue:   workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](200*time.Millisecond, 5*time.Second)),
+		devices: map[string]bool{}, held: map[types.UID]map[string][]string{},
+		running: map[types.UID]*v1.Pod{}, started: map[types.UID]map[string]string{},
+		stopAt: map[types.UID]*time.Timer{},
+	}
+}
+
+// start registers the Node and starts kubelet's servers; the pod workers run
+// until ctx ends.
+func (k *kubelet) start(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	if err := k.registerNode(ctx); err != nil {
+		return err
+	}
+	reg, err := dpv1beta1.NewServer(logger, filepath.Join(k.pluginDir(), filepath.Base(pluginapi.KubeletSocket)), k, k)
+	if err != nil {
+		return err
+	}
+	if err := reg.Start(logger); err != nil {
+		return fmt.Errorf("node %s: device-plugin registration server: %w", k.node, err)
+	}
+	k.reg = reg
+	if err := os.MkdirAll(filepath.Dir(k.podResourcesSocket()), 0o750); err != nil {
+		return err
+	}
+	l, err := net.Listen("unix", k.podResourcesSocket())
+	if err != nil {
+		return err
+	}
+	k.podRes = grpc.NewServer()
+	podresourcesapi.RegisterPodResourcesListerServer(k.podRes, podresources.NewV1PodResourcesServer(ctx, podresources.PodResourcesProviders{
+		Pods: k, Devices: k, Cpus: noCPUs{}, Memory: noMemory{}, DynamicResources: noDynamic{},
+	}))
+	go func() { _ = k.podRes.Serve(l) }()
+
+	factory := informers.NewSharedInformerFactoryWithOptions(k.client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", k.node).String()
+	}))
+	k.informer = factory.Core().V1().Pods().Informer()
+	enqueue := func(obj any) {
+		if p, ok := obj.(*v1.Pod); ok {
+			k.queue.Add(p.UID)
+		} else if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			if p, ok := t.Obj.(*v1.Pod); ok {
+				k.queue.Add(p.UID)
+			}
+		}
+	}
+	if _, err := k.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: enqueue, UpdateFunc: func(_, o any) { enqueue(o) }, DeleteFunc: enqueue,
+	}); err != nil {
+		return err
+	}
+	if err := k.informer.AddIndexers(cache.Indexers{"uid": func(obj any) ([]string, error) {
+		return []string{string(obj.(*v1.Pod).UID)}, nil
+	}}); err != nil {
+		return err
+	}
+	factory.Start(ctx.Done())
+	factory.WaitForCacheSync(ctx.Done())
+	// Kubelet admits pods one at a time but starts their containers in
+	// parallel; several workers put the agent's lookups under concurrency.
+	for range 8 {
+		go k.work(ctx)
+	}
+	return nil
+}
+
+// stop stops the servers and the workers.
+func (k *kubelet) stop(logger klog.Logger) {
+	k.queue.ShutDown()
+	if k.reg != nil {
+		_ = k.reg.Stop(logger)
+	}
+	if k.podRes != nil {
+		k.podRes.Stop()
+	}
+	k.mu.Lock()
+	for _, t := range k.stopAt {
+		t.Stop()
+	}
+	k.mu.Unlock()
+}
+
+func (k *kubelet) registerNode(ctx context.Context) error {
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: k.node, Labels: map[string]string{
+		"kubernetes.io/hostname": k.node, "kubernetes.io/os": "linux", "tessera.dev/playground": "true",
+	}}}
+	node, err := k.client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("register node %s: %w", k.node, err)
+	}
+	node.Status = v1.NodeStatus{
+		Capacity: nodeCapacity.DeepCopy(), Allocatable: nodeCapacity.DeepCopy(),
+		Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady",
+			Message: "tessera playground node", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}},
+		Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "127.0.0.1"}, {Type: v1.NodeHostName, Address: k.node}},
+		NodeInfo:  v1.NodeSystemInfo{KubeletVersion: "v1.37.2-tessera-playground", OperatingSystem: "linux", Architecture: "amd64"},
+	}
+	_, err = k.client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
+	return err
+}
+
+// --- device-plugin registration (dpv1beta1.RegistrationHandler, ClientHandler)
+
+// CleanupPluginDirectory removes what earlier plugins left in the directory,
+// as kubelet does at start.
+func (k *kubelet) CleanupPluginDirectory(_ klog.Logger, dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// PluginConnected keeps the plugin's client.
+func (k *kubelet) PluginConnected(ctx context.Context, resource string, p dpv1beta1.DevicePlugin) error {
+	if resource != gpu.ResourceGPU {
+		return fmt.Errorf("the playground serves only %s, not %s", gpu.ResourceGPU, resource)
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.plugin = p
+	return nil
+}
+
+// PluginDisconnected forgets the plugin; its slots turn unhealthy, as in
+// kubelet (which keeps them through a grace period for a quick return).
+func (k *kubelet) PluginDisconnected(logger klog.Logger, resource, _ string) {
+	k.mu.Lock()
+	k.plugin = nil
+	for id := range k.devices {
+		k.devices[id] = false
+	}
+	k.mu.Unlock()
+	logger.V(2).Info("Device plugin disconnected", "node", k.node, "resource", resource)
+	go k.syncCapacity(context.Background())
+}
+
+// PluginListAndWatchReceiver records the plugin's slots.
+func (k *kubelet) PluginListAndWatchReceiver(_ klog.Logger, _ string, resp *pluginapi.ListAndWatchResponse) {
+	k.mu.Lock()
+	k.devices = make(map[string]bool, len(resp.Devices))
+	for _, d := range resp.Devices {
+		k.devices[d.ID] = d.Health == pluginapi.Healthy
+	}
+	k.mu.Unlock()
+	go k.syncCapacity(context.Background())
+}
+
+// syncCapacity writes the slot count to the Node, as kubelet does:
+// capacity all slots, allocatable the healthy ones.
+func (k *kubelet) syncCapacity(ctx context.Context) {
+	k.mu.Lock()
+	var total, healthy int64
+	for _, ok := range k.devices {
+		total++
+		if ok {
+			healthy++
+		}
+	}
+	k.mu.Unlock()
+	patch := fmt.Sprintf(`{"status":{"capacity":{%q:"%d"},"allocatable":{%q:"%d"}}}`, gpu.ResourceGPU, total, gpu.ResourceGPU, healthy)
+	_, err := k.client.CoreV1().Nodes().Patch(ctx, k.node, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}, "status")
+	if err != nil && ctx.Err() == nil {
+		klog.FromContext(ctx).V(2).Info("Could not update the node's GPU slots", "node", k.node, "err", err)
+	}
+}
+
+// --- pod-resources providers (what kubelet's pod-resources server reads)
+
+// GetActivePods implements podresources.PodsProvider.
+func (k *kubelet) GetActivePods() []*v1.Pod { return k.GetPods() }
+
+// GetPods implements podresources.PodsProvider.
+func (k *kubelet) GetPods() []*v1.Pod {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := make([]*v1.Pod, 0, len(k.running)+len(k.held))
+	seen := map[types.UID]bool{}
+	for uid, p := range k.running {
+		out, seen[uid] = append(out, p), true
+	}
+	// A pod whose containers are being started holds its slots already.
+	for uid := range k.held {
+		if !seen[uid] {
+			if p := k.podByUID(uid); p != nil {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+// GetPodByName implements podresources.PodsProvider.
+func (k *kubelet) GetPodByName(namespace, name string) (*v1.Pod, bool) {
+	for _, p := range k.GetPods() {
+		if p.Namespace == namespace && p.Name == name {
+			return p, true
+		}
+	}
+	return nil, false
+}
+
+// UpdateAllocatedDevices implements podresources.DevicesProvider: slots are
+// released when a pod stops, so there is nothing to collect here.
+func (k *kubelet) UpdateAllocatedDevices(klog.Logger) {}
+
+// GetDevices implements podresources.DevicesProvider.
+func (k *kubelet) GetDevices(podUID, container string) []*podresourcesapi.ContainerDevices {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	ids := k.held[types.UID(podUID)][container]
+	if len(ids) == 0 {
+		return nil
+	}
+	return []*podresourcesapi.ContainerDevices{{ResourceName: gpu.ResourceGPU, DeviceIds: slices.Clone(ids)}}
+}
+
+// GetAllocatableDevices implements podresources.DevicesProvider.
+func (k *kubelet) GetAllocatableDevices(klog.Logger) []*podresourcesapi.ContainerDevices {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var ids []string
+	for id, ok := range k.devices {
+		if ok {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	return []*podresourcesapi.ContainerDevices{{ResourceName: gpu.ResourceGPU, DeviceIds: ids}}
+}
+
+type noCPUs struct{}
+
+func (noCPUs) GetCPUs(*v1.Pod, *v1.Container) []int64 { return nil }
+func (noCPUs) GetPodCPUs(string) []int64              { return nil }
+func (noCPUs) GetAllocatableCPUs() []int64            { return nil }
+
+type noMemory struct{}
+
+func (noMemory) GetMemory(klog.Logger, *v1.Pod, *v1.Container) []*podresourcesapi.ContainerMemory {
+	return nil
+}
+func (noMemory) GetPodMemory(klog.Logger, string) []*podresourcesapi.ContainerMemory { return nil }
+func (noMemory) GetAllocatableMemory(klog.Logger) []*podresourcesapi.ContainerMemory { return nil }
+
+type noDynamic struct{}
+
+func (noDynamic) GetDynamicResources(klog.Logger, *v1.Pod, *v1.Container) []*podresourcesapi.DynamicResource {
+	return nil
+}
+
+// --- pod lifecycle
+
+// podByUID is the informer's pod with this UID, or nil.
+func (k *kubelet) podByUID(uid types.UID) *v1.Pod {
+	objs, err := k.informer.GetIndexer().ByIndex("uid", string(uid))
+	if err != nil || len(objs) == 0 {
+		return nil
+	}
+	return objs[0].(*v1.Pod)
+}
+
+func (k *kubelet) work(ctx context.Context) {
+	for {
+		uid, quit := k.queue.Get()
+		if quit {
+			return
+		}
+		err := k.sync(ctx, uid)
+		switch {
+		case err == nil:
+			k.queue.Forget(uid)
+		case ctx.Err() != nil:
+		case k.queue.NumRequeues(uid) < 10:
+			klog.FromContext(ctx).V(2).Info("Pod not started yet; retrying", "node", k.node, "uid", uid, "err", err)
+			k.queue.AddRateLimited(uid)
+		default:
+			k.queue.Forget(uid)
+		}
+		k.queue.Done(uid)
+	}
+}
+
+// sync brings one pod to what its object asks: started, or stopped and
+// released.
+func (k *kubelet) sync(ctx context.Context, uid types.UID) error {
+	pod := k.podByUID(uid)
+	if pod == nil { // deleted
+		k.release(uid)
+		return nil
+	}
+	if pod.DeletionTimestamp != nil {
+		// Containers stop at once (no graceful shutdown to wait for);
+		// kubelet then removes the object, as its status manager does.
+		k.release(uid)
+		zero := int64(0)
+		err := k.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+			GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &uid}})
+		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+			return nil
+		}
+		return err
+	}
+	if pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
+		k.release(uid)
+		return nil
+	}
+	k.mu.Lock()
+	_, running := k.running[uid]
+	k.mu.Unlock()
+	if running {
+		return nil
+	}
+	return k.startPod(ctx, pod)
+}
+
+// startPod gives each GPU container its slots and starts it, then reports
+// the pod Running.
+func (k *kubelet) startPod(ctx context.Context, pod *v1.Pod) error {
+	logger := klog.FromContext(ctx).WithValues("pod", klog.KObj(pod), "node", k.node)
+	plugin, slots, err := k.admit(ctx, pod)
+	if err != nil {
+		return k.failAdmission(ctx, pod, err)
+	}
+	ids := map[string]string{}
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		if held := slots[c.Name]; len(held) > 0 {
+			if _, err := plugin.API().Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: held}}}); err != nil {
+				k.release(pod.UID)
+				return k.failAdmission(ctx, pod, fmt.Errorf("allocate failed due to %v, which is unexpected", err))
+			}
+			if _, err := plugin.API().PreStartContainer(ctx, &pluginapi.PreStartContainerRequest{DevicesIds: held}); err != nil {
+				// Kubelet retries container creation with a back-off; so
+				// does the playground (the agent may not have seen the
+				// pod's assignment yet).
+				k.containerError(ctx, pod, c.Name, err)
+				return err
+			}
+		}
+		ids[c.Name] = containerID()
+	}
+	k.mu.Lock()
+	k.started[pod.UID] = ids
+	k.mu.Unlock()
+	if err := k.reportRunning(ctx, pod, ids); err != nil {
+		return err
+	}
+	k.mu.Lock()
+	k.running[pod.UID] = pod
+	if d, err := time.ParseDuration(pod.Annotations[AnnotationRunFor]); err == nil && d > 0 {
+		uid := pod.UID
+		k.stopAt[uid] = time.AfterFunc(d, func() { k.complete(ctx, uid) })
+	}
+	k.mu.Unlock()
+	k.load.start(pod, ids)
+	logger.V(2).Info("Pod running", "slots", slots)
+	return nil
+}
+
+// admit takes slots for every GPU container, as kubelet's device manager
+// does at admission: the plugin's preferred allocation among the free
+// healthy slots. A retried pod keeps the slots it took.
+func (k *kubelet) admit(ctx context.Context, pod *v1.Pod) (dpv1beta1.DevicePlugin, map[string][]string, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if held, ok := k.held[pod.UID]; ok {
+		return k.plugin, held, nil
+	}
+	held := map[string][]string{}
+	taken := map[string]bool{}
+	for _, cs := range k.held {
+		for _, ids := range cs {
+			for _, id := range ids {
+				taken[id] = true
+			}
+		}
+	}
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		q, ok := c.Resources.Limits[gpu.ResourceGPU]
+		if !ok || q.Value() == 0 {
+			continue
+		}
+		if k.plugin == nil {
+			return nil, nil, fmt.Errorf("no device plugin serves %s on node %s", gpu.ResourceGPU, k.node)
+		}
+		var free []string
+		for id, healthy := range k.devices {
+			if healthy && !taken[id] {
+				free = append(free, id)
+			}
+		}
+		sort.Strings(free)
+		n := int(q.Value())
+		if len(free) < n {
+			return nil, nil, fmt.Errorf("requested number of devices unavailable for %s. Requested: %d, Available: %d", gpu.ResourceGPU, n, len(free))
+		}
+		resp, err := k.plugin.API().GetPreferredAllocation(ctx, &pluginapi.PreferredAllocationRequest{ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
+			AvailableDeviceIDs: free, AllocationSize: int32(n)}}})
+		chosen := free[:n]
+		if err == nil && len(resp.ContainerResponses) == 1 && len(resp.ContainerResponses[0].DeviceIDs) == n {
+			chosen = resp.ContainerResponses[0].DeviceIDs
+		}
+		for _, id := range chosen {
+			taken[id] = true
+		}
+		held[c.Name] = slices.Clone(chosen)
+	}
+	k.held[pod.UID] = held
+	return k.plugin, held, nil
+}
+
+// release frees a pod's slots and stops its simulated processes.
+func (k *kubelet) release(uid types.UID) {
+	k.mu.Lock()
+	delete(k.held, uid)
+	delete(k.running, uid)
+	delete(k.started, uid)
+	if t := k.stopAt[uid]; t != nil {
+		t.Stop()
+		delete(k.stopAt, uid)
+	}
+	k.mu.Unlock()
+	k.load.stop(uid)
+}
+
+// complete ends a run-for pod: its containers exited 0.
+func (k *kubelet) complete(ctx context.Context, uid types.UID) {
+	pod := k.podByUID(uid)
+	k.release(uid)
+	if pod == nil || pod.DeletionTimestamp != nil {
+		return
+	}
+	pod = pod.DeepCopy()
+	pod.Status.Phase = v1.PodSucceeded
+	now := metav1.Now()
+	for i := range pod.Status.ContainerStatuses {
+		st := &pod.Status.ContainerStatuses[i]
+		started := now
+		if st.State.Running != nil {
+			started = st.State.Running.StartedAt
+		}
+		st.State = v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", StartedAt: started, FinishedAt: now, ContainerID: st.ContainerID}}
+		st.Ready = false
+	}
+	setCondition(pod, v1.PodReady, v1.ConditionFalse, "PodCompleted")
+	setCondition(pod, v1.ContainersReady, v1.ConditionFalse, "PodCompleted")
+	if _, err := k.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil && ctx.Err() == nil {
+		klog.FromContext(ctx).Error(err, "Could not report a completed pod", "pod", klog.KObj(pod))
+	}
+}
+
+func containerID() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func setCondition(pod *v1.Pod, t v1.PodConditionType, s v1.ConditionStatus, reason string) {
+	now := metav1.Now()
+	for i := range pod.Status.Conditions {
+		if pod.Status.Conditions[i].Type == t {
+			if pod.Status.Conditions[i].Status != s {
+				pod.Status.Conditions[i].LastTransitionTime = now
+			}
+			pod.Status.Conditions[i].Status, pod.Status.Conditions[i].Reason = s, reason
+			return
+		}
+	}
+	pod.Status.Conditions = append(pod.Status.Conditions, v1.PodCondition{Type: t, Status: s, Reason: reason, LastTransitionTime: now})
+}
+
+// reportRunning writes the pod's status as kubelet would once its
+// containers run: containerd IDs (the agent's per-tenant metrics map GPU
+// processes to them), Ready conditions, the start time.
+func (k *kubelet) reportRunning(ctx context.Context, pod *v1.Pod, ids map[string]string) error {
+	pod = pod.DeepCopy()
+	now := metav1.Now()
+	pod.Status.Phase = v1.PodRunning
+	pod.Status.HostIP = "127.0.0.1"
+	pod.Status.HostIPs = []v1.HostIP{{IP: "127.0.0.1"}}
+	pod.Status.StartTime = &now
+	pod.Status.ContainerStatuses = nil
+	for _, c := range pod.Spec.Containers {
+		pod.Status.ContainerStatuses = append(pod.Status.ContainerStatuses, v1.ContainerStatus{
+			Name: c.Name, Image: c.Image, ImageID: c.Image, Ready: true, Started: ptr(true),
+			ContainerID: "containerd://" + ids[c.Name],
+			State:       v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: now}},
+		})
+	}
+	for _, t := range []v1.PodConditionType{v1.PodInitialized, v1.PodReady, v1.ContainersReady, v1.PodScheduled} {
+		setCondition(pod, t, v1.ConditionTrue, "")
+	}
+	_, err := k.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+	return err
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// failAdmission rejects the pod as kubelet does when the device manager
+// cannot serve it: phase Failed, reason UnexpectedAdmissionError.
+func (k *kubelet) failAdmission(ctx context.Context, pod *v1.Pod, cause error) error {
+	k.release(pod.UID)
+	pod = pod.DeepCopy()
+	pod.Status.Phase = v1.PodFailed
+	pod.Status.Reason = "UnexpectedAdmissionError"
+	pod.Status.Message = fmt.Sprintf("Pod was rejected: %v", cause)
+	k.event(ctx, pod, v1.EventTypeWarning, "UnexpectedAdmissionError", pod.Status.Message)
+	_, err := k.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+	return err
+}
+
+// containerError shows why a container could not start, as kubelet does
+// while it backs off: a waiting state and a Failed event.
+func (k *kubelet) containerError(ctx context.Context, pod *v1.Pod, container string, cause error) {
+	pod = pod.DeepCopy()
+	msg := fmt.Sprintf("device plugin PreStartContainer rpc failed with err: %v", cause)
+	found := false
+	for i := range pod.Status.ContainerStatuses {
+		if pod.Status.ContainerStatuses[i].Name == container {
+			pod.Status.ContainerStatuses[i].State = v1.ContainerState{Waiting: &v1.ContainerStateWaiting{Reason: "RunContainerError", Message: msg}}
+			found = true
+		}
+	}
+	if !found {
+		pod.Status.ContainerStatuses = append(pod.Status.ContainerStatuses, v1.ContainerStatus{Name: container,
+			State: v1.ContainerState{Waiting: &v1.ContainerStateWaiting{Reason: "RunContainerError", Message: msg}}})
+	}
+	k.event(ctx, pod, v1.EventTypeWarning, "Failed", msg)
+	if _, err := k.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil && !errors.Is(err, context.Canceled) {
+		klog.FromContext(ctx).V(2).Info("Could not report a container error", "pod", klog.KObj(pod), "err", err)
+	}
+}
+
+func (k *kubelet) event(ctx context.Context, pod *v1.Pod, kind, reason, msg string) {
+	now := metav1.Now()
+	ev := &v1.Event{
+		ObjectMeta:     metav1.ObjectMeta{GenerateName: pod.Name + ".", Namespace: pod.Namespace},
+		InvolvedObject: v1.ObjectReference{Kind: "Pod", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID, APIVersion: "v1"},
+		Reason:         reason, Message: msg, Type: kind, Source: v1.EventSource{Component: "kubelet", Host: k.node},
+		FirstTimestamp: now, LastTimestamp: now, Count: 1,
+	}
+	_, _ = k.client.CoreV1().Events(pod.Namespace).Create(ctx, ev, metav1.CreateOptions{})
+}

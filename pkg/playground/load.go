@@ -1,0 +1,212 @@
+package playground
+
+import (
+	"fmt"
+	"hash/fnv"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/podgpu"
+)
+
+// load simulates the GPU processes of a node's running containers on its
+// NVML mock, so the agent's real readout has something to read: each
+// container gets one process per assigned GPU, using a steady share of the
+// memory and SMs it was granted, and a /proc/<pid>/cgroup in this node's
+// fake /proc that names its pod and container the way a containerd node's
+// kubepods hierarchy does. The agent maps the processes to tenants with the
+// same code it runs on a node.
+type load struct {
+	procRoot string
+	byUUID   map[string]int // GPU UUID → index
+
+	// events are delivered by the mock's event set (Node.InjectXid).
+	events chan gonvml.EventData
+
+	mu      sync.Mutex
+	nextPID uint32
+	gpus    []gpuLoad
+	pids    map[types.UID][]uint32
+}
+
+type gpuLoad struct {
+	totalBytes uint64
+	procs      map[uint32]procLoad
+}
+
+type procLoad struct {
+	usedBytes uint64
+	smPercent uint32
+}
+
+// newLoad installs the simulation on srv; PIDs start at firstPID so that
+// nodes do not share them (they share one fake /proc root each, but unique
+// PIDs make logs unambiguous).
+func newLoad(srv *server.Server, procRoot string, firstPID uint32) (*load, error) {
+	if err := os.MkdirAll(procRoot, 0o755); err != nil {
+		return nil, err
+	}
+	l := &load{procRoot: procRoot, byUUID: map[string]int{}, nextPID: firstPID, pids: map[types.UID][]uint32{},
+		events: make(chan gonvml.EventData, 16)}
+	srv.EventSetCreateFunc = func() (gonvml.EventSet, gonvml.Return) {
+		return &mock.EventSet{
+			WaitFunc: func(ms uint32) (gonvml.EventData, gonvml.Return) {
+				select {
+				case ev := <-l.events:
+					return ev, gonvml.SUCCESS
+				case <-time.After(time.Duration(ms) * time.Millisecond):
+					return gonvml.EventData{}, gonvml.ERROR_TIMEOUT
+				}
+			},
+			FreeFunc: func() gonvml.Return { return gonvml.SUCCESS },
+		}, gonvml.SUCCESS
+	}
+	nvmltest.Install(srv, func(int) *nvmltest.Reading {
+		return &nvmltest.Reading{SMCount: smCount(srv), NVLink: true, TempC: 34, PowerMW: 70_000,
+			Events: uint64(gonvml.EventTypeXidCriticalError)}
+	})
+	for i, dev := range srv.Devices {
+		d := dev.(*server.Device)
+		l.byUUID[d.UUID] = i
+		l.gpus = append(l.gpus, gpuLoad{totalBytes: d.MemoryInfo.Total, procs: map[uint32]procLoad{}})
+		i := i
+		total := d.MemoryInfo.Total
+		d.GetMemoryInfoFunc = func() (gonvml.Memory, gonvml.Return) {
+			used, _ := l.usage(i)
+			return gonvml.Memory{Total: total, Used: used, Free: total - used}, gonvml.SUCCESS
+		}
+		d.GetUtilizationRatesFunc = func() (gonvml.Utilization, gonvml.Return) {
+			used, util := l.usage(i)
+			return gonvml.Utilization{Gpu: util, Memory: uint32(100 * used / total)}, gonvml.SUCCESS
+		}
+		d.GetTemperatureFunc = func(gonvml.TemperatureSensors) (uint32, gonvml.Return) {
+			_, util := l.usage(i)
+			return 34 + util*45/100, gonvml.SUCCESS
+		}
+		d.GetPowerUsageFunc = func() (uint32, gonvml.Return) {
+			_, util := l.usage(i)
+			return 70_000 + util*5_800, gonvml.SUCCESS
+		}
+		d.GetComputeRunningProcessesFunc = func() ([]gonvml.ProcessInfo, gonvml.Return) {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			var out []gonvml.ProcessInfo
+			for pid, p := range l.gpus[i].procs {
+				out = append(out, gonvml.ProcessInfo{Pid: pid, UsedGpuMemory: p.usedBytes})
+			}
+			return out, gonvml.SUCCESS
+		}
+		d.GetProcessUtilizationFunc = func(uint64) ([]gonvml.ProcessUtilizationSample, gonvml.Return) {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			now := uint64(time.Now().UnixMicro())
+			var out []gonvml.ProcessUtilizationSample
+			for pid, p := range l.gpus[i].procs {
+				out = append(out, gonvml.ProcessUtilizationSample{Pid: pid, TimeStamp: now, SmUtil: p.smPercent})
+			}
+			if len(out) == 0 {
+				return nil, gonvml.ERROR_NOT_FOUND
+			}
+			return out, gonvml.SUCCESS
+		}
+	}
+	return l, nil
+}
+
+// smCount is the SM count of the mock's model (the mocks leave it out).
+func smCount(srv *server.Server) uint32 {
+	name, _ := srv.Devices[0].GetName()
+	switch {
+	case strings.Contains(name, "A100"):
+		return 108
+	default: // H100 and H200 SXM
+		return 132
+	}
+}
+
+// usage is a GPU's used memory and SM utilization (percent, capped at 100).
+func (l *load) usage(i int) (uint64, uint32) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var used uint64
+	var util uint32
+	for _, p := range l.gpus[i].procs {
+		used += p.usedBytes
+		util += p.smPercent
+	}
+	return min(used, l.gpus[i].totalBytes), min(util, 100)
+}
+
+// busy is a container's steady share (55–95 %) of what it was granted,
+// fixed by its name so that a playground run is reproducible.
+func busy(pod *v1.Pod, container string) float64 {
+	h := fnv.New32a()
+	fmt.Fprintf(h, "%s/%s/%s", pod.Namespace, pod.Name, container)
+	return 0.55 + float64(h.Sum32()%41)/100
+}
+
+// start gives each GPU container of pod one process per assigned GPU.
+func (l *load) start(pod *v1.Pod, containerIDs map[string]string) {
+	a, err := podgpu.BoundAssignment(pod)
+	if err != nil || a == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, c := range a.Containers {
+		share := busy(pod, c.Name)
+		for _, g := range c.GPUs {
+			i, ok := l.byUUID[g.UUID]
+			if !ok {
+				continue
+			}
+			mem, cores := uint64(g.MemoryMiB)<<20, g.CoresPerMille
+			if c.Mode == gpu.ModeExclusive || (g.MemoryMiB == 0 && g.CoresPerMille == 0) {
+				mem, cores = l.gpus[i].totalBytes, gpu.CoresPerGPU
+			}
+			pid := l.nextPID
+			l.nextPID++
+			if err := l.writeCgroup(pid, pod.UID, containerIDs[c.Name]); err != nil {
+				continue
+			}
+			l.gpus[i].procs[pid] = procLoad{usedBytes: uint64(float64(mem) * share), smPercent: uint32(float64(cores) * share * 100 / gpu.CoresPerGPU)}
+			l.pids[pod.UID] = append(l.pids[pod.UID], pid)
+		}
+	}
+}
+
+// writeCgroup writes the process's cgroup as the systemd driver names it.
+func (l *load) writeCgroup(pid uint32, pod types.UID, containerID string) error {
+	dir := filepath.Join(l.procRoot, strconv.FormatUint(uint64(pid), 10))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	uid := strings.ReplaceAll(string(pod), "-", "_")
+	line := fmt.Sprintf("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod%s.slice/cri-containerd-%s.scope\n", uid, containerID)
+	return os.WriteFile(filepath.Join(dir, "cgroup"), []byte(line), 0o644)
+}
+
+// stop ends a pod's processes.
+func (l *load) stop(uid types.UID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, pid := range l.pids[uid] {
+		for i := range l.gpus {
+			delete(l.gpus[i].procs, pid)
+		}
+		_ = os.RemoveAll(filepath.Join(l.procRoot, strconv.FormatUint(uint64(pid), 10)))
+	}
+	delete(l.pids, uid)
+}

@@ -1,0 +1,443 @@
+// Package playground runs a whole Tessera cluster in one process, with no
+// cluster and no GPU: etcd and kube-apiserver in-process, tessera-scheduler
+// as cmd/tessera-scheduler runs it, and N simulated GPU nodes. Each node runs
+// the real agent (pkg/agent) on a go-nvml whole-server mock, beside a
+// stand-in kubelet that uses kubelet's own device-plugin registration
+// server, plugin client and pod-resources server, so every GPU pod goes
+// through GetPreferredAllocation, Allocate and PreStartContainer before it
+// is reported Running. It is what `tessera up` runs and the project's
+// end-to-end harness.
+package playground
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	v1 "k8s.io/api/core/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/wait"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/component-base/configz"
+	"k8s.io/klog/v2"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
+	"k8s.io/kubernetes/cmd/kube-scheduler/app"
+	"k8s.io/kubernetes/cmd/kube-scheduler/app/options"
+
+	"github.com/tessera-gpu/tessera/deploy"
+	"github.com/tessera-gpu/tessera/pkg/agent"
+	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
+	"github.com/tessera-gpu/tessera/pkg/inventory"
+	"github.com/tessera-gpu/tessera/pkg/scheduler"
+)
+
+// Options describe a playground.
+type Options struct {
+	Nodes       int
+	GPUsPerNode int
+	// Model is a100, h100 or h200.
+	Model string
+	// MPSNodes run their GPUs in MPS mode (the first MPSNodes nodes); the
+	// others time-slice. MPS nodes need MPSControl.
+	MPSNodes int
+	// MPSControl runs the MPS control program's stand-in: a command line
+	// that behaves as package mpssim does (`tessera mps-control`).
+	MPSControl []string
+	// Dir holds all state (a fresh temporary directory when empty) and is
+	// removed by Down when the playground created it.
+	Dir string
+}
+
+// Models are the GPU models a playground node can have.
+var Models = []string{"a100", "h100", "h200"}
+
+func newServer(model string, n int) (*server.Server, error) {
+	switch model {
+	case "a100":
+		return dgxa100.NewWithGPUs(gpus.Multiple(n, gpus.A100_SXM4_80GB)...), nil
+	case "h100":
+		return dgxh100.NewWithGPUs(gpus.Multiple(n, gpus.H100_SXM5_80GB)...), nil
+	case "h200":
+		return dgxh200.NewWithGPUs(gpus.Multiple(n, gpus.H200_SXM5_141GB)...), nil
+	}
+	return nil, fmt.Errorf("--gpu-model %q: want one of %s", model, strings.Join(Models, ", "))
+}
+
+// Validate names the first bad option.
+func (o Options) Validate() error {
+	switch {
+	case o.Nodes < 1 || o.Nodes > 64:
+		return fmt.Errorf("--nodes %d: want 1–64", o.Nodes)
+	case o.GPUsPerNode < 1 || o.GPUsPerNode > 8:
+		return fmt.Errorf("--gpus-per-node %d: want 1–8 (the mocks are DGX servers)", o.GPUsPerNode)
+	case o.MPSNodes < 0 || o.MPSNodes > o.Nodes:
+		return fmt.Errorf("--mps-nodes %d: want 0–%d", o.MPSNodes, o.Nodes)
+	case o.MPSNodes > 0 && len(o.MPSControl) == 0:
+		return errors.New("MPS nodes need an MPS control program (MPSControl)")
+	}
+	_, err := newServer(o.Model, 1)
+	return err
+}
+
+// Node is one simulated GPU node.
+type Node struct {
+	Name string
+	MPS  bool
+	// MetricsURL is the agent's Prometheus endpoint.
+	MetricsURL string
+	// NVML is the node's mock driver.
+	NVML *server.Server
+	// PodResourcesSocket is the node's kubelet pod-resources API; CDIDir
+	// holds the slots' CDI specs the agent writes; MPSRoot the MPS
+	// daemons' pipe and log directories.
+	PodResourcesSocket, CDIDir, MPSRoot string
+
+	agent   *agent.Agent
+	kubelet *kubelet
+	load    *load
+	metrics *http.Server
+	conn    *grpc.ClientConn
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+// InjectXid delivers an XID error on GPU index i as NVML would.
+func (n *Node) InjectXid(i int, xid uint64) {
+	n.load.events <- gonvml.EventData{Device: n.NVML.Devices[i], EventType: gonvml.EventTypeXidCriticalError, EventData: xid}
+}
+
+// Cluster is a running playground.
+type Cluster struct {
+	Dir        string
+	Kubeconfig string
+	Config     *rest.Config
+	Client     kubernetes.Interface
+	Nodes      []*Node
+	// SchedulerMetricsURL is tessera-scheduler's /metrics (HTTPS,
+	// self-signed; open to anonymous reads, as the playground allows).
+	SchedulerMetricsURL string
+
+	ownDir    bool
+	cp        *controlPlane
+	schedStop context.CancelFunc
+	schedDone chan struct{}
+	downOnce  sync.Once
+}
+
+// Up starts a playground and returns when every node serves its GPUs: its
+// inventory is published and its device plugin registered.
+func Up(ctx context.Context, opts Options) (c *Cluster, err error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	c = &Cluster{Dir: opts.Dir}
+	if c.Dir == "" {
+		if c.Dir, err = os.MkdirTemp("", "tessera-up-"); err != nil {
+			return nil, err
+		}
+		c.ownDir = true
+	}
+	defer func() {
+		if err != nil {
+			c.Down()
+		}
+	}()
+	logger := klog.FromContext(ctx)
+	if c.cp, err = startControlPlane(context.WithoutCancel(ctx), c.Dir); err != nil {
+		return nil, err
+	}
+	c.Config = c.cp.config
+	if c.Client, err = kubernetes.NewForConfig(c.Config); err != nil {
+		return nil, err
+	}
+	c.Kubeconfig = filepath.Join(c.Dir, "kubeconfig")
+	if err := writeKubeconfig(c.Config, c.Kubeconfig); err != nil {
+		return nil, err
+	}
+	logger.V(1).Info("Control plane up", "server", c.Config.Host)
+	if err := createPriorityClasses(ctx, c.Client); err != nil {
+		return nil, err
+	}
+	if err := c.startScheduler(ctx); err != nil {
+		return nil, err
+	}
+	var mpsControl string
+	if opts.MPSNodes > 0 {
+		if mpsControl, err = writeMPSControl(filepath.Join(c.Dir, "bin"), opts.MPSControl); err != nil {
+			return nil, err
+		}
+	}
+	for i := range opts.Nodes {
+		n, err := c.startNode(ctx, opts, i, mpsControl)
+		if err != nil {
+			return nil, err
+		}
+		c.Nodes = append(c.Nodes, n)
+	}
+	if err := c.waitNodes(ctx, opts.GPUsPerNode); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func writeKubeconfig(cfg *rest.Config, path string) error {
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["tessera"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData,
+		TLSServerName: cfg.ServerName, InsecureSkipTLSVerify: cfg.Insecure}
+	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{Token: cfg.BearerToken}
+	kc.Contexts["tessera-playground"] = &clientcmdapi.Context{Cluster: "tessera", AuthInfo: "admin", Namespace: metav1.NamespaceDefault}
+	kc.CurrentContext = "tessera-playground"
+	return clientcmd.WriteToFile(*kc, path)
+}
+
+func createPriorityClasses(ctx context.Context, client kubernetes.Interface) error {
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(deploy.PriorityClasses), 4096)
+	for {
+		var pc schedulingv1.PriorityClass
+		if err := dec.Decode(&pc); errors.Is(err, io.EOF) {
+			return nil
+		} else if err != nil {
+			return fmt.Errorf("deploy/priorityclasses.yaml: %w", err)
+		}
+		if pc.Name == "" {
+			continue
+		}
+		if _, err := client.SchedulingV1().PriorityClasses().Create(ctx, &pc, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("PriorityClass %s: %w", pc.Name, err)
+		}
+	}
+}
+
+// schedulerConfig is deploy/scheduler-config.yaml for a cluster of one
+// scheduler: no leader election, and the upstream default profile served
+// too (no kube-scheduler runs here), as the file describes for replacing
+// kube-scheduler.
+func schedulerConfig(kubeconfig string) string {
+	cfg := strings.Replace(deploy.SchedulerConfig, "leaderElect: true", "leaderElect: false", 1)
+	cfg = strings.Replace(cfg, "profiles:\n", "profiles:\n  - schedulerName: default-scheduler\n", 1)
+	return cfg + fmt.Sprintf("clientConnection: {kubeconfig: %q}\n", kubeconfig)
+}
+
+// startScheduler runs tessera-scheduler as cmd/tessera-scheduler does: the
+// kube-scheduler command's options, with the TesseraGPU plugins.
+func (c *Cluster) startScheduler(ctx context.Context) error {
+	dir := filepath.Join(c.Dir, "scheduler")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	path := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(path, []byte(schedulerConfig(c.Kubeconfig)), 0o600); err != nil {
+		return err
+	}
+	ports, err := freePorts(1)
+	if err != nil {
+		return err
+	}
+	opts := options.NewOptions()
+	fs := pflag.NewFlagSet("tessera-scheduler", pflag.ContinueOnError)
+	for _, f := range opts.Flags.FlagSets {
+		fs.AddFlagSet(f)
+	}
+	if err := fs.Parse([]string{"--config", path,
+		"--bind-address", "127.0.0.1", "--secure-port", fmt.Sprint(ports[0]), "--cert-dir", dir,
+		"--authentication-kubeconfig", c.Kubeconfig, "--authorization-kubeconfig", c.Kubeconfig,
+		"--authorization-always-allow-paths", "/healthz,/readyz,/livez,/metrics",
+	}); err != nil {
+		return err
+	}
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	cc, sched, err := app.Setup(sctx, opts, app.WithPlugin(scheduler.Name, scheduler.New), app.WithPlugin(scheduler.ResourcesFitName, scheduler.NewResourcesFit))
+	if err != nil {
+		cancel()
+		return fmt.Errorf("tessera-scheduler: %w", err)
+	}
+	// app.Run registers the configuration on the process-wide configz
+	// endpoint; a second playground in this process must find it free.
+	configz.Delete("componentconfig")
+	c.schedStop, c.schedDone = cancel, make(chan struct{})
+	go func() {
+		defer close(c.schedDone)
+		if err := app.Run(sctx, cc, sched); err != nil && sctx.Err() == nil {
+			klog.FromContext(ctx).Error(err, "tessera-scheduler stopped")
+		}
+	}()
+	c.SchedulerMetricsURL = fmt.Sprintf("https://127.0.0.1:%d/metrics", ports[0])
+	return nil
+}
+
+// writeMPSControl writes nvidia-cuda-mps-control as a script running the
+// stand-in: the agent's MPS manager runs it as it runs the real program.
+func writeMPSControl(dir string, command []string) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	quoted := make([]string, len(command))
+	for i, a := range command {
+		quoted[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	path := filepath.Join(dir, "nvidia-cuda-mps-control")
+	script := "#!/bin/sh\n# The playground's stand-in for NVIDIA's MPS control program.\nexec " + strings.Join(quoted, " ") + " \"$@\"\n"
+	return path, os.WriteFile(path, []byte(script), 0o755)
+}
+
+// maxSocketPath is the longest unix socket path Linux takes, less room for
+// the plugin's socket name.
+const maxSocketPath = 107 - len(deviceplugin.SocketPrefix+"1764745123456789012.sock") - 1
+
+// startNode starts node i: its NVML mock and simulated load, its kubelet,
+// and the real agent.
+func (c *Cluster) startNode(ctx context.Context, opts Options, i int, mpsControl string) (*Node, error) {
+	name := fmt.Sprintf("gpu-node-%d", i)
+	dir := filepath.Join(c.Dir, name)
+	if l := len(filepath.Join(dir, "kubelet", "device-plugins")); l > maxSocketPath {
+		return nil, fmt.Errorf("state directory %s is too deep for unix sockets (%d > %d bytes); use a shorter --dir", c.Dir, l, maxSocketPath)
+	}
+	srv, err := newServer(opts.Model, opts.GPUsPerNode)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{Name: name, MPS: i < opts.MPSNodes, NVML: srv, done: make(chan struct{})}
+	procRoot := filepath.Join(dir, "proc")
+	if n.load, err = newLoad(srv, procRoot, uint32(10_000+1_000_000*i)); err != nil {
+		return nil, err
+	}
+	nctx, cancel := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), klog.FromContext(ctx).WithValues("node", name)))
+	n.cancel = cancel
+	n.kubelet = newKubelet(name, filepath.Join(dir, "kubelet"), c.Client, n.load)
+	n.PodResourcesSocket, n.CDIDir, n.MPSRoot = n.kubelet.podResourcesSocket(), filepath.Join(dir, "cdi"), filepath.Join(dir, "mps")
+	if err := n.kubelet.start(nctx); err != nil {
+		cancel()
+		return nil, err
+	}
+
+	// What cmd/tessera-agent builds on a node: the node's pods from an
+	// informer, the holder of slots from kubelet's pod-resources socket.
+	factory := informers.NewSharedInformerFactoryWithOptions(c.Client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", name).String()
+	}))
+	lister := factory.Core().V1().Pods().Lister()
+	pods := func(ns, name string) *v1.Pod {
+		p, err := lister.Pods(ns).Get(name)
+		if err != nil {
+			return nil
+		}
+		return p
+	}
+	nodePods := func() []*v1.Pod {
+		ps, _ := lister.List(labels.Everything())
+		return ps
+	}
+	if n.conn, err = grpc.NewClient("unix://"+n.kubelet.podResourcesSocket(), grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+		cancel()
+		return nil, err
+	}
+	cfg := config.Default()
+	n.agent, err = agent.New(agent.Options{
+		Node: name, Config: cfg, Client: c.Client, NVML: srv,
+		MPS: n.MPS, MPSBinary: mpsControl, MPSRoot: n.MPSRoot,
+		Holder: deviceplugin.PodResourcesHolder{Client: podresourcesapi.NewPodResourcesListerClient(n.conn)},
+		Pods:   pods, CDIDir: n.CDIDir, ProcRoot: procRoot, NodePods: nodePods,
+	})
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("node %s: agent: %w", name, err)
+	}
+	factory.Start(nctx.Done())
+	factory.WaitForCacheSync(nctx.Done())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	n.MetricsURL = fmt.Sprintf("http://%s/metrics", l.Addr())
+	n.metrics = &http.Server{Handler: n.agent.MetricsHandler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = n.metrics.Serve(l) }()
+	go func() {
+		defer close(n.done)
+		if err := n.agent.Run(nctx, n.kubelet.pluginDir(), ""); err != nil && nctx.Err() == nil {
+			klog.FromContext(nctx).Error(err, "Agent stopped")
+		}
+	}()
+	return n, nil
+}
+
+// waitNodes waits until every node's inventory is published and its
+// kubelet advertises the node's slots.
+func (c *Cluster) waitNodes(ctx context.Context, gpusPerNode int) error {
+	return wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		for _, n := range c.Nodes {
+			node, err := c.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			inv, err := inventory.FromNode(node)
+			if err != nil || inv == nil || len(inv.GPUs) != gpusPerNode {
+				return false, nil
+			}
+			q := node.Status.Allocatable[v1.ResourceName(deviceplugin.ResourceName)]
+			if q.Value() == 0 {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+}
+
+// Down stops everything Up started, in the order a node drains: agents and
+// kubelets (and the MPS daemons, told to quit), the scheduler, the API
+// server, etcd; then it removes the state directory it created.
+func (c *Cluster) Down() {
+	c.downOnce.Do(func() {
+		logger := klog.Background()
+		for _, n := range c.Nodes {
+			n.cancel()
+			<-n.done
+			if n.agent.MPS != nil {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				if err := n.agent.MPS.Stop(ctx); err != nil {
+					logger.Error(err, "Stopping the MPS daemons", "node", n.Name)
+				}
+				cancel()
+			}
+			_ = n.metrics.Close()
+			_ = n.conn.Close()
+			n.kubelet.stop(logger)
+		}
+		if c.schedStop != nil {
+			c.schedStop()
+			<-c.schedDone
+		}
+		if c.cp != nil {
+			c.cp.stop()
+		}
+		if c.ownDir {
+			_ = os.RemoveAll(c.Dir)
+		}
+	})
+}

@@ -1,0 +1,291 @@
+// Package top shows who holds which GPU slice in a cluster: per GPU, its
+// mode, slices in use, memory and cores granted, and each pod with its
+// grant, from the nodes' published inventories and the pods' assignments —
+// and, where an agent's metrics endpoint is given, what each tenant really
+// uses. `tessera top` and the playground's demo print it.
+package top
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/inventory"
+	"github.com/tessera-gpu/tessera/pkg/podgpu"
+)
+
+// Tenant is one container's grant on one GPU.
+type Tenant struct {
+	Namespace, Pod, Container string
+	Priority                  int32
+	Mode                      gpu.SharingMode
+	MemoryMiB                 int64
+	CoresPercent              int
+	// State is the pod's phase, or Terminating.
+	State string
+	// Live usage, when an agent reported it.
+	Live          bool
+	UsedMiB       int64
+	SMUtilization float64
+}
+
+// GPU is one GPU and its tenants.
+type GPU struct {
+	Node       string
+	Index      int
+	UUID       string
+	Model      string
+	MemoryMiB  int64
+	Healthy    bool
+	Slices     int
+	MPSCapable bool
+	Tenants    []Tenant
+}
+
+// Mode is the GPU's sharing mode as its tenants hold it ("free" when none).
+func (g GPU) Mode() string {
+	if len(g.Tenants) == 0 {
+		return "free"
+	}
+	return string(g.Tenants[0].Mode)
+}
+
+// GrantedMiB and GrantedCores sum the tenants' grants.
+func (g GPU) GrantedMiB() int64 {
+	var s int64
+	for _, t := range g.Tenants {
+		s += t.MemoryMiB
+	}
+	return s
+}
+
+// GrantedCores is the percent of the GPU's SMs granted.
+func (g GPU) GrantedCores() int {
+	s := 0
+	for _, t := range g.Tenants {
+		s += t.CoresPercent
+	}
+	return s
+}
+
+// Snapshot is the cluster's GPUs, ordered by node and index.
+type Snapshot struct {
+	GPUs []GPU
+	// Pending counts GPU pods not yet placed.
+	Pending int
+}
+
+// Collect reads the inventories and the pods' assignments.
+func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error) {
+	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	pods, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	snap := &Snapshot{}
+	byUUID := map[string]int{}
+	for i := range nodes.Items {
+		inv, err := inventory.FromNode(&nodes.Items[i])
+		if err != nil || inv == nil {
+			continue
+		}
+		for _, d := range inv.GPUs {
+			byUUID[d.UUID] = len(snap.GPUs)
+			snap.GPUs = append(snap.GPUs, GPU{Node: inv.Node, Index: d.Index, UUID: d.UUID, Model: d.Model,
+				MemoryMiB: d.MemoryMiB, Healthy: d.Healthy, Slices: d.Slices, MPSCapable: d.MPSCapable})
+		}
+	}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if !podgpu.WantsGPU(p) || podgpu.Finished(p) {
+			continue
+		}
+		a, err := podgpu.BoundAssignment(p)
+		if err != nil || a == nil {
+			if p.Spec.NodeName == "" {
+				snap.Pending++
+			}
+			continue
+		}
+		state := string(p.Status.Phase)
+		if p.DeletionTimestamp != nil {
+			state = "Terminating"
+		}
+		var prio int32
+		if p.Spec.Priority != nil {
+			prio = *p.Spec.Priority
+		}
+		for _, c := range a.Containers {
+			for _, g := range c.GPUs {
+				i, ok := byUUID[g.UUID]
+				if !ok {
+					continue
+				}
+				mem, cores := g.MemoryMiB, g.CoresPerMille*100/gpu.CoresPerGPU
+				if c.Mode == gpu.ModeExclusive {
+					mem, cores = snap.GPUs[i].MemoryMiB, 100
+				}
+				snap.GPUs[i].Tenants = append(snap.GPUs[i].Tenants, Tenant{Namespace: p.Namespace, Pod: p.Name, Container: c.Name,
+					Priority: prio, Mode: c.Mode, MemoryMiB: mem, CoresPercent: cores, State: state})
+			}
+		}
+	}
+	sort.Slice(snap.GPUs, func(i, j int) bool {
+		a, b := snap.GPUs[i], snap.GPUs[j]
+		if a.Node != b.Node {
+			return nodeLess(a.Node, b.Node)
+		}
+		return a.Index < b.Index
+	})
+	for i := range snap.GPUs {
+		ts := snap.GPUs[i].Tenants
+		sort.Slice(ts, func(a, b int) bool {
+			if ts[a].Namespace != ts[b].Namespace {
+				return ts[a].Namespace < ts[b].Namespace
+			}
+			if ts[a].Pod != ts[b].Pod {
+				return ts[a].Pod < ts[b].Pod
+			}
+			return ts[a].Container < ts[b].Container
+		})
+	}
+	return snap, nil
+}
+
+// nodeLess orders names with numbers numerically (gpu-node-2 < gpu-node-10).
+func nodeLess(a, b string) bool {
+	pa, na := splitNumber(a)
+	pb, nb := splitNumber(b)
+	if pa != pb || na < 0 || nb < 0 {
+		return a < b
+	}
+	return na < nb
+}
+
+func splitNumber(s string) (string, int) {
+	i := len(s)
+	for i > 0 && s[i-1] >= '0' && s[i-1] <= '9' {
+		i--
+	}
+	n, err := strconv.Atoi(s[i:])
+	if err != nil {
+		return s, -1
+	}
+	return s[:i], n
+}
+
+// AddUsage scrapes an agent's metrics endpoint and fills in the live usage
+// of the tenants it reports.
+func (s *Snapshot) AddUsage(ctx context.Context, url string) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return fmt.Errorf("%s: %w", url, err)
+	}
+	type key struct{ uuid, ns, pod, container string }
+	mem, sm := map[key]float64{}, map[key]float64{}
+	read := func(name string, into map[key]float64) {
+		f := families[name]
+		if f == nil {
+			return
+		}
+		for _, m := range f.GetMetric() {
+			l := labelMap(m)
+			into[key{l["gpu"], l["namespace"], l["pod"], l["container"]}] = m.GetGauge().GetValue()
+		}
+	}
+	read("tessera_container_gpu_memory_used_bytes", mem)
+	read("tessera_container_gpu_sm_utilization_ratio", sm)
+	for i := range s.GPUs {
+		for j := range s.GPUs[i].Tenants {
+			t := &s.GPUs[i].Tenants[j]
+			k := key{s.GPUs[i].UUID, t.Namespace, t.Pod, t.Container}
+			if b, ok := mem[k]; ok {
+				t.Live, t.UsedMiB, t.SMUtilization = true, int64(b)/(1<<20), sm[k]
+			}
+		}
+	}
+	return nil
+}
+
+func labelMap(m *dto.Metric) map[string]string {
+	out := map[string]string{}
+	for _, lp := range m.GetLabel() {
+		out[lp.GetName()] = lp.GetValue()
+	}
+	return out
+}
+
+// Render prints the snapshot: one line per GPU, and one per tenant below
+// it.
+func Render(w io.Writer, s *Snapshot) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tGPU\tMODEL\tMODE\tSLICES\tMEMORY MiB\tCORES\tPOD\tPRIO\tSTATE\tMiB\tCORES\tUSED MiB\tSM")
+	for _, g := range s.GPUs {
+		mode := g.Mode()
+		if !g.Healthy {
+			mode += " (unhealthy)"
+		}
+		head := fmt.Sprintf("%s\t%d\t%s\t%s\t%d/%d\t%d/%d\t%d%%", g.Node, g.Index, shortModel(g.Model), mode,
+			len(g.Tenants), g.Slices, g.GrantedMiB(), g.MemoryMiB, g.GrantedCores())
+		if len(g.Tenants) == 0 {
+			fmt.Fprintln(tw, head+"\t-\t\t\t\t\t\t")
+			continue
+		}
+		for i, t := range g.Tenants {
+			if i > 0 {
+				head = "\t\t\t\t\t\t"
+			}
+			used, sm := "-", "-"
+			if t.Live {
+				used, sm = strconv.FormatInt(t.UsedMiB, 10), fmt.Sprintf("%.0f%%", 100*t.SMUtilization)
+			}
+			name := t.Namespace + "/" + t.Pod
+			if t.Container != "" {
+				name += "/" + t.Container
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d%%\t%s\t%s\n", head, name, t.Priority, t.State, t.MemoryMiB, t.CoresPercent, used, sm)
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if s.Pending > 0 {
+		_, err := fmt.Fprintf(w, "%d GPU pod(s) waiting for a slice\n", s.Pending)
+		return err
+	}
+	return nil
+}
+
+// shortModel drops the vendor prefix: "NVIDIA H100 80GB HBM3" → "H100 80GB HBM3".
+func shortModel(m string) string { return strings.TrimPrefix(m, "NVIDIA ") }

@@ -1,0 +1,418 @@
+// Package e2e drives the playground `tessera up` runs: the real control
+// plane, tessera-scheduler, and simulated nodes running the real agent behind
+// kubelet's own device-plugin and pod-resources servers.
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
+	"github.com/tessera-gpu/tessera/pkg/agent/mps/mpssim"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/playground"
+	"github.com/tessera-gpu/tessera/pkg/podgpu"
+	"github.com/tessera-gpu/tessera/pkg/top"
+)
+
+// TestMain lets this test binary stand in for nvidia-cuda-mps-control, as
+// the tessera binary does for `tessera up`.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "mps-control" {
+		os.Exit(mpssim.Main(os.Args[:2], os.Args[2:], os.Stdin, os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+func up(t *testing.T, opts playground.Options) (*playground.Cluster, time.Time) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a whole playground; skipped with -short")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.MPSControl = []string{exe, "mps-control"}
+	start := time.Now()
+	c, err := playground.Up(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Down)
+	t.Logf("playground up in %v", time.Since(start).Round(time.Millisecond))
+	return c, start
+}
+
+// waitRunning waits for the pods to run and returns them.
+func waitRunning(t *testing.T, client kubernetes.Interface, ns string, names []string, timeout time.Duration) map[string]*v1.Pod {
+	t.Helper()
+	out := map[string]*v1.Pod{}
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		for _, n := range names {
+			if _, ok := out[n]; ok {
+				continue
+			}
+			p, err := client.CoreV1().Pods(ns).Get(ctx, n, metav1.GetOptions{})
+			if err == nil && p.Status.Phase == v1.PodRunning {
+				out[n] = p
+			}
+		}
+		return len(out) == len(names), nil
+	})
+	if err != nil {
+		var missing []string
+		for _, n := range names {
+			if _, ok := out[n]; !ok {
+				p, _ := client.CoreV1().Pods(ns).Get(context.Background(), n, metav1.GetOptions{})
+				missing = append(missing, fmt.Sprintf("%s (%v)", n, p.Status))
+			}
+		}
+		t.Fatalf("not Running after %v: %v", timeout, missing)
+	}
+	return out
+}
+
+// held asks a node's kubelet pod-resources API which slots each container
+// of each pod holds.
+func held(t *testing.T, socket string) map[string][]string {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	resp, err := podresourcesapi.NewPodResourcesListerClient(conn).List(context.Background(), &podresourcesapi.ListPodResourcesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]string{}
+	for _, p := range resp.GetPodResources() {
+		for _, c := range p.GetContainers() {
+			for _, d := range c.GetDevices() {
+				if d.GetResourceName() == gpu.ResourceGPU {
+					out[p.GetNamespace()+"/"+p.GetName()+"/"+c.GetName()] = d.GetDeviceIds()
+				}
+			}
+		}
+	}
+	return out
+}
+
+// specEnv reads the CDI spec the agent wrote for a container's slots and
+// returns its environment.
+func specEnv(t *testing.T, cdiDir string, slots []string) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(deviceplugin.SpecPath(cdiDir, slots))
+	if err != nil {
+		t.Fatalf("CDI spec of %v: %v", slots, err)
+	}
+	var spec struct {
+		Devices []struct {
+			Name           string `json:"name"`
+			ContainerEdits struct {
+				Env []string `json:"env"`
+			} `json:"containerEdits"`
+		} `json:"devices"`
+	}
+	if err := json.Unmarshal(b, &spec); err != nil {
+		t.Fatal(err)
+	}
+	if len(spec.Devices) != len(slots) {
+		t.Fatalf("CDI spec names %d devices for %d slots", len(spec.Devices), len(slots))
+	}
+	env := map[string]string{}
+	for _, kv := range spec.Devices[0].ContainerEdits.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	return env
+}
+
+func scrape(t *testing.T, url string) string {
+	t.Helper()
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		// The scheduler serves a self-signed certificate.
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // test of a local endpoint
+	resp, err := client.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s: %s: %s", url, resp.Status, b)
+	}
+	return string(b)
+}
+
+// TestPlayground: pods of every mode land where the scheduler put them and
+// run with exactly their assignment, through kubelet's own device-plugin
+// calls; the kubeconfig written works; both metrics endpoints serve; a pod
+// the scheduler did not place is refused its GPUs with a reason on the pod;
+// a deleted pod's slots are released; and Down leaves nothing behind.
+func TestPlayground(t *testing.T) {
+	c, start := up(t, playground.Options{Nodes: 3, GPUsPerNode: 4, Model: "a100", MPSNodes: 1})
+
+	// The kubeconfig is what a user gets.
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := kubernetes.NewForConfigOrDie(cfg)
+	nodes, err := client.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
+	if err != nil || len(nodes.Items) != 3 {
+		t.Fatalf("nodes through the kubeconfig: %d, %v", len(nodes.Items), err)
+	}
+	for _, n := range nodes.Items {
+		// 4 GPUs × 8 slices, as kubelet reports the plugin's devices.
+		if q := n.Status.Allocatable[gpu.ResourceGPU]; q.Value() != 32 {
+			t.Errorf("node %s allocatable %s = %s, want 32", n.Name, gpu.ResourceGPU, q.String())
+		}
+	}
+
+	const ns = "e2e"
+	specs := []playground.PodSpec{
+		{Name: "whole", GPUs: 1, Sharing: gpu.ModeExclusive, PriorityClass: "gpu-standard"},
+		{Name: "pair", GPUs: 2, Sharing: gpu.ModeExclusive, PriorityClass: "gpu-standard"},
+		{Name: "mps", GPUs: 1, MemoryMiB: 10240, Cores: 30, Sharing: gpu.ModeMPS, Workload: gpu.WorkloadInference, PriorityClass: "gpu-critical"},
+		{Name: "ts", GPUs: 1, MemoryMiB: 16384, Cores: 40, Sharing: gpu.ModeTimeSlicing, PriorityClass: "gpu-batch"},
+	}
+	if err := playground.Submit(context.Background(), client, ns, specs); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range specs {
+		names = append(names, s.Name)
+	}
+	pods := waitRunning(t, client, ns, names, 30*time.Second)
+	firstRunning := time.Since(start)
+	t.Logf("first pods Running %v after Up began", firstRunning.Round(time.Millisecond))
+	if firstRunning > 20*time.Second {
+		t.Errorf("first pod Running after %v, want ≤ 20 s", firstRunning)
+	}
+
+	byNode := map[string]*playground.Node{}
+	for _, n := range c.Nodes {
+		byNode[n.Name] = n
+	}
+	for _, s := range specs {
+		p := pods[s.Name]
+		a, err := podgpu.BoundAssignment(p)
+		if err != nil || a == nil {
+			t.Fatalf("%s: assignment %v, %v", s.Name, a, err)
+		}
+		n := byNode[p.Spec.NodeName]
+		if got := a.Containers[0].Mode; got != s.Sharing {
+			t.Errorf("%s runs %s, want %s", s.Name, got, s.Sharing)
+		}
+		if s.Sharing == gpu.ModeMPS && !n.MPS || s.Sharing == gpu.ModeTimeSlicing && n.MPS {
+			t.Errorf("%s (%s) landed on %s (MPS %v)", s.Name, s.Sharing, n.Name, n.MPS)
+		}
+		// Kubelet's record of the container's slots, and the CDI spec the
+		// agent wrote for them from the assignment.
+		slots := held(t, n.PodResourcesSocket)[ns+"/"+s.Name+"/main"]
+		if len(slots) != s.GPUs {
+			t.Fatalf("%s holds slots %v, want %d", s.Name, slots, s.GPUs)
+		}
+		env := specEnv(t, n.CDIDir, slots)
+		var uuids []string
+		for _, g := range a.Containers[0].GPUs {
+			uuids = append(uuids, g.UUID)
+		}
+		if env["NVIDIA_VISIBLE_DEVICES"] != strings.Join(uuids, ",") {
+			t.Errorf("%s sees %q, assigned %v", s.Name, env["NVIDIA_VISIBLE_DEVICES"], uuids)
+		}
+		if s.Sharing == gpu.ModeMPS {
+			if env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] != "30" || env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] != "0=10240M" {
+				t.Errorf("MPS client limits %v", env)
+			}
+		}
+	}
+
+	// Every MPS-mode GPU has its daemon, given its defaults.
+	for _, n := range c.Nodes {
+		logs, _ := filepath.Glob(filepath.Join(n.MPSRoot, "*", "log", "control.log"))
+		if n.MPS && len(logs) != 4 || !n.MPS && len(logs) != 0 {
+			t.Errorf("node %s (MPS %v) has %d MPS daemon logs", n.Name, n.MPS, len(logs))
+		}
+		for _, l := range logs {
+			b, _ := os.ReadFile(l)
+			if !strings.Contains(string(b), "set_default_active_thread_percentage 100") {
+				t.Errorf("%s: daemon not given its defaults: %q", l, b)
+			}
+		}
+	}
+
+	// Metrics: the scheduler's, and the agents' per tenant.
+	if body := scrape(t, c.SchedulerMetricsURL); !strings.Contains(body, "tessera_scheduler_gpu_allocated_slices") {
+		t.Error("scheduler metrics lack tessera_scheduler_gpu_allocated_slices")
+	}
+	mpsPod := pods["mps"]
+	agentURL := byNode[mpsPod.Spec.NodeName].MetricsURL
+	err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return strings.Contains(scrape(t, agentURL), `tessera_container_gpu_memory_used_bytes{container="main",gpu=`), nil
+	})
+	if err != nil {
+		t.Errorf("agent %s shows no per-tenant series", agentURL)
+	}
+	snap, err := top.Collect(context.Background(), client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range c.Nodes {
+		if err := snap.AddUsage(context.Background(), n.MetricsURL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	live := 0
+	for _, g := range snap.GPUs {
+		for _, tn := range g.Tenants {
+			if tn.Live {
+				live++
+				if tn.UsedMiB <= 0 || tn.UsedMiB > tn.MemoryMiB {
+					t.Errorf("%s/%s uses %d MiB of %d granted", tn.Namespace, tn.Pod, tn.UsedMiB, tn.MemoryMiB)
+				}
+			}
+		}
+	}
+	// whole, pair ×2, mps, ts.
+	if live != 5 {
+		var sb strings.Builder
+		_ = top.Render(&sb, snap)
+		t.Errorf("%d tenants with live usage, want 5:\n%s", live, sb.String())
+	}
+
+	// A pod bound to a node without tessera-scheduler has no assignment:
+	// the agent refuses its slots and kubelet shows why.
+	rogue := playground.PodSpec{Name: "rogue", GPUs: 1, MemoryMiB: 4096, Cores: 10}.Pod(ns)
+	rogue.Spec.NodeName = c.Nodes[2].Name
+	if _, err := client.CoreV1().Pods(ns).Create(context.Background(), rogue, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		p, err := client.CoreV1().Pods(ns).Get(ctx, "rogue", metav1.GetOptions{})
+		if err != nil || len(p.Status.ContainerStatuses) == 0 || p.Status.ContainerStatuses[0].State.Waiting == nil {
+			return false, nil
+		}
+		return strings.Contains(p.Status.ContainerStatuses[0].State.Waiting.Message, deviceplugin.ErrNoAssignment.Error()), nil
+	})
+	if err != nil {
+		p, _ := client.CoreV1().Pods(ns).Get(context.Background(), "rogue", metav1.GetOptions{})
+		t.Fatalf("rogue pod not refused with a reason: %+v", p.Status)
+	}
+
+	// Deletion: kubelet stops the pod, releases its slots, removes it.
+	tsNode := byNode[pods["ts"].Spec.NodeName]
+	if err := client.CoreV1().Pods(ns).Delete(context.Background(), "ts", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := client.CoreV1().Pods(ns).Get(ctx, "ts", metav1.GetOptions{})
+		return err != nil, nil
+	})
+	if err != nil {
+		t.Fatal("deleted pod still there")
+	}
+	if s, ok := held(t, tsNode.PodResourcesSocket)[ns+"/ts/main"]; ok {
+		t.Errorf("deleted pod still holds %v", s)
+	}
+
+	// Down stops every process and removes every file.
+	var daemons []int
+	pidFiles, _ := filepath.Glob(filepath.Join(c.Dir, "*", "mps", "*", "pipe", "fake.pid"))
+	for _, f := range pidFiles {
+		var pid int
+		b, _ := os.ReadFile(f)
+		if _, err := fmt.Sscan(string(b), &pid); err == nil {
+			daemons = append(daemons, pid)
+		}
+	}
+	if len(daemons) != 4 {
+		t.Errorf("%d MPS daemons running, want 4", len(daemons))
+	}
+	c.Down()
+	if _, err := os.Stat(c.Dir); !os.IsNotExist(err) {
+		t.Errorf("state directory %s left behind: %v", c.Dir, err)
+	}
+	err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		return !slices.ContainsFunc(daemons, alive), nil
+	})
+	if err != nil {
+		t.Errorf("MPS daemons still alive after Down: %v", daemons)
+	}
+	if _, err := client.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{}); err == nil {
+		t.Error("API server still answers after Down")
+	}
+}
+
+// alive reports whether a process exists (and is not a zombie).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command's closing parenthesis.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+// TestFiftyPodsOnOneNode: 50 MPS pods created at once, all on one node,
+// each start with exactly its own limits — kubelet's eight workers and the
+// agent's lookups run concurrently, with no node-wide lock.
+func TestFiftyPodsOnOneNode(t *testing.T) {
+	c, _ := up(t, playground.Options{Nodes: 1, GPUsPerNode: 8, Model: "h200", MPSNodes: 1})
+	const ns = "burst"
+	var specs []playground.PodSpec
+	var names []string
+	for i := range 50 {
+		// Cores differ per pod so that a mix-up shows in the limits.
+		s := playground.PodSpec{Name: fmt.Sprintf("p%02d", i), GPUs: 1, MemoryMiB: 4096, Cores: 5 + i%11, Sharing: gpu.ModeMPS, Workload: gpu.WorkloadInference}
+		specs, names = append(specs, s), append(names, s.Name)
+	}
+	var wg sync.WaitGroup
+	for _, s := range specs {
+		wg.Go(func() {
+			if err := playground.Submit(context.Background(), c.Client, ns, []playground.PodSpec{s}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	start := time.Now()
+	pods := waitRunning(t, c.Client, ns, names, 60*time.Second)
+	t.Logf("50 pods Running %v after creation", time.Since(start).Round(time.Millisecond))
+	n := c.Nodes[0]
+	slots := held(t, n.PodResourcesSocket)
+	for _, s := range specs {
+		a, err := podgpu.BoundAssignment(pods[s.Name])
+		if err != nil || a == nil {
+			t.Fatalf("%s: %v", s.Name, err)
+		}
+		env := specEnv(t, n.CDIDir, slots[ns+"/"+s.Name+"/main"])
+		if env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] != fmt.Sprint(s.Cores) || env["NVIDIA_VISIBLE_DEVICES"] != a.Containers[0].GPUs[0].UUID {
+			t.Errorf("%s (cores %d on %s) got %v", s.Name, s.Cores, a.Containers[0].GPUs[0].UUID, env)
+		}
+	}
+}
