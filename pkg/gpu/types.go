@@ -81,7 +81,16 @@ type NodeInventory struct {
 	CPUMilli  int64    `json:"cpuMilli"`
 	MemoryMiB int64    `json:"memoryMiB"`
 	GPUs      []Device `json:"gpus"`
+	// Reclaimed lists the UIDs of preempted pods whose GPUs the agent has
+	// verified clean (no process of theirs holds a CUDA context), most
+	// recent last, bounded by MaxReclaimed. The scheduler keeps a
+	// preemption victim's slices booked until its UID appears here.
+	Reclaimed []string `json:"reclaimed,omitempty"`
 }
+
+// MaxReclaimed bounds NodeInventory.Reclaimed: the scheduler reads the list
+// within seconds of a change, so a short memory suffices.
+const MaxReclaimed = 64
 
 // ContainerRequest is the GPU part of one container's resources.
 type ContainerRequest struct {

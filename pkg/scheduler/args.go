@@ -19,11 +19,28 @@ const argsField = "pluginConfig[" + Name + "].args"
 
 // DecodeArgs reads the plugin's arguments — the allocator section of Tessera's
 // configuration (policy, memoryOversubscription, computeOversubscription,
-// minSliceMiB, workloadCoverage) — from a KubeSchedulerConfiguration's
-// pluginConfig. Unknown fields are refused, missing ones take the production
-// defaults, and every invalid value is reported with its field path, for
-// example "pluginConfig[TesseraGPU].args.memoryOversubscription".
+// minSliceMiB, workloadCoverage) and its preemption section (preemption:
+// gracePeriod, recordRetention, reclaimTimeout) — from a
+// KubeSchedulerConfiguration's pluginConfig. Unknown fields are refused,
+// missing ones take the production defaults, and every invalid value is
+// reported with its field path, for example
+// "pluginConfig[TesseraGPU].args.memoryOversubscription".
 func DecodeArgs(obj runtime.Object) (*config.AllocatorConfig, error) {
+	c, err := decodeArgs(obj)
+	if err != nil {
+		return nil, err
+	}
+	return &c.Allocator, nil
+}
+
+// pluginArgs is the shape of the plugin's arguments: the allocator's fields
+// at the top, as they always were, and the preemption section beside them.
+type pluginArgs struct {
+	config.AllocatorConfig
+	Preemption config.PreemptionConfig `json:"preemption"`
+}
+
+func decodeArgs(obj runtime.Object) (*config.Configuration, error) {
 	c := &config.Configuration{}
 	if obj != nil {
 		u, ok := obj.(*runtime.Unknown)
@@ -39,19 +56,20 @@ func DecodeArgs(obj runtime.Object) (*config.AllocatorConfig, error) {
 			raw = js
 		}
 		if len(bytes.TrimSpace(raw)) > 0 && string(bytes.TrimSpace(raw)) != "null" {
+			var args pluginArgs
 			dec := json.NewDecoder(bytes.NewReader(raw))
 			dec.DisallowUnknownFields()
-			if err := dec.Decode(&c.Allocator); err != nil {
+			if err := dec.Decode(&args); err != nil {
 				return nil, fmt.Errorf("%s: %w", argsField, err)
 			}
+			c.Allocator, c.Preemption = args.AllocatorConfig, args.Preemption
 		}
 	}
 	config.SetDefaults(c)
 	if err := config.Validate(c); err != nil {
 		return nil, renameFields(err)
 	}
-	a := c.Allocator
-	return &a, nil
+	return c, nil
 }
 
 // renameFields rewrites the config package's field paths ("allocator.policy")

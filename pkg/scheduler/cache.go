@@ -61,6 +61,8 @@ type nodeState struct {
 	// allocator is deterministic, so a memoized answer is the answer.
 	memoAlloc *allocator.Allocator
 	memo      map[string]memoEntry
+	// reclaimed is the inventory's list of victims the agent verified gone.
+	reclaimed map[string]bool
 }
 
 type memoEntry struct {
@@ -79,6 +81,11 @@ type podRecord struct {
 	assumed bool
 	// booked says the assignment is counted in its node's usage.
 	booked bool
+	// awaitingReclaim: a preemption victim gone from the API server whose
+	// node's agent has not yet confirmed its GPUs clean; its slices stay
+	// booked until then (or the reclaim timeout), since it was seen gone.
+	awaitingReclaim bool
+	goneAt          time.Time
 }
 
 // NewCache returns an empty cache whose GPUs may hold up to oversub times
@@ -107,8 +114,16 @@ func (c *Cache) SetNode(raw string, inv *gpu.NodeInventory) ([]string, error) {
 		c.mu.Unlock()
 		return nil, nil
 	}
-	for _, rec := range c.pods {
+	reclaimed := make(map[string]bool, len(inv.Reclaimed))
+	for _, uid := range inv.Reclaimed {
+		reclaimed[uid] = true
+	}
+	for uid, rec := range c.pods {
 		if rec.assignment.Node != inv.Node {
+			continue
+		}
+		if rec.awaitingReclaim && reclaimed[string(uid)] {
+			delete(c.pods, uid)
 			continue
 		}
 		rec.booked = n.AddAssignment(rec.assignment, 0, 0, c.oversub) == nil
@@ -116,7 +131,7 @@ func (c *Cache) SetNode(raw string, inv *gpu.NodeInventory) ([]string, error) {
 			unbooked = append(unbooked, rec.name)
 		}
 	}
-	c.nodes[inv.Node] = &nodeState{node: n, raw: raw}
+	c.nodes[inv.Node] = &nodeState{node: n, raw: raw, reclaimed: reclaimed}
 	c.maxGPUMemMiB = 0
 	for _, s := range c.nodes {
 		for i := range s.node.GPUs {
@@ -149,6 +164,18 @@ func (c *Cache) RemoveNode(name string) {
 	if ok && c.onNodeGone != nil {
 		c.onNodeGone(name, s.node.GPUs)
 	}
+}
+
+// NodeNames lists the nodes with a usable inventory, sorted.
+func (c *Cache) NodeNames() []string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make([]string, 0, len(c.nodes))
+	for n := range c.nodes {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // HasNode reports whether the node has a usable inventory.
@@ -244,13 +271,24 @@ func (c *Cache) Forget(uid types.UID) {
 // queue's hints and the cache's informer handler see the same events on
 // different goroutines, so the one that comes second may carry news older
 // than what the cache already applied.
-func (c *Cache) Gone(uid types.UID) {
+//
+// A preemption victim (victim true) is not released yet: its slices stay
+// booked until its node's inventory lists it as reclaimed — the agent found
+// no process of it left on its GPUs — or ExpireReclaims gives up on it.
+func (c *Cache) Gone(uid types.UID, victim bool) {
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if rec, ok := c.pods[uid]; ok {
-		delete(c.pods, uid)
-		c.unbookLocked(rec)
+		s := c.nodes[rec.assignment.Node]
+		switch {
+		case rec.awaitingReclaim:
+		case victim && rec.booked && s != nil && !s.reclaimed[string(uid)]:
+			rec.awaitingReclaim, rec.goneAt = true, now
+		default:
+			delete(c.pods, uid)
+			c.unbookLocked(rec)
+		}
 	}
 	c.gone[uid] = now
 	if now.Sub(c.lastSweep) > time.Minute {
@@ -261,6 +299,37 @@ func (c *Cache) Gone(uid types.UID) {
 			}
 		}
 	}
+}
+
+// ExpireReclaims releases victims whose reclaim was not confirmed within
+// timeout of their leaving, and returns their names: a node whose agent is
+// gone must not hold slices forever.
+func (c *Cache) ExpireReclaims(now time.Time, timeout time.Duration) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for uid, rec := range c.pods {
+		if rec.awaitingReclaim && now.Sub(rec.goneAt) >= timeout {
+			delete(c.pods, uid)
+			c.unbookLocked(rec)
+			out = append(out, rec.name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// AwaitingReclaim counts the victims whose slices wait for their agent.
+func (c *Cache) AwaitingReclaim() int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	n := 0
+	for _, rec := range c.pods {
+		if rec.awaitingReclaim {
+			n++
+		}
+	}
+	return n
 }
 
 // ForgetAssumed is Unreserve: it releases the booking only while it is still

@@ -5,10 +5,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -262,7 +262,7 @@ func TestGonePodIsNotBookedAgain(t *testing.T) {
 	if err := c.AddBound("u1", "ns/p1", whole); err != nil {
 		t.Fatal(err)
 	}
-	c.Gone("u1")
+	c.Gone("u1", false)
 	if got := c.Snapshot("n1").GPUs[0].CoresUsed(); got != 0 {
 		t.Fatalf("GPU holds %d‰ after its pod was gone", got)
 	}
@@ -276,8 +276,8 @@ func TestGonePodIsNotBookedAgain(t *testing.T) {
 	if err := c.AddBound("u2", "ns/p2", whole); err != nil {
 		t.Fatal(err)
 	}
-	c.Gone("u2")
-	c.Gone("u2") // the hint and the handler both report it
+	c.Gone("u2", false)
+	c.Gone("u2", false) // the hint and the handler both report it
 	if got := c.Snapshot("n1").GPUs[0].CoresUsed(); got != 0 {
 		t.Fatalf("GPU holds %d‰", got)
 	}
@@ -324,5 +324,55 @@ func TestWithoutTesseraResources(t *testing.T) {
 	plain := &v1.Pod{Spec: v1.PodSpec{Containers: []v1.Container{{Name: "m"}}}}
 	if withoutTesseraResources(plain) != plain {
 		t.Fatal("a pod without tessera.dev resources was copied")
+	}
+}
+
+// TestVictimHeldUntilReclaimed: a preemption victim gone from the API server
+// keeps its GPU booked until its node's inventory lists it as reclaimed; a
+// pod that was no victim is released at once; the timeout releases a victim
+// whose agent never answers.
+func TestVictimHeldUntilReclaimed(t *testing.T) {
+	c := NewCache(1.5)
+	inv := testInventory("n1", 2, 81920, false)
+	if _, err := c.SetNode("v1", inv); err != nil {
+		t.Fatal(err)
+	}
+	whole := func(i int) *gpu.PodAssignment {
+		return &gpu.PodAssignment{Node: "n1", Containers: []gpu.ContainerAssignment{{Name: "m", Mode: gpu.ModeExclusive,
+			GPUs: []gpu.GPUGrant{{UUID: fmt.Sprintf("GPU-n1-%d", i), Index: i, MemoryMiB: 81920, CoresPerMille: 1000}}}}}
+	}
+	for i, uid := range []types.UID{"victim", "other"} {
+		if err := c.AddBound(uid, "ns/"+string(uid), whole(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Gone("victim", true)
+	c.Gone("other", false)
+	gpus := c.Snapshot("n1").GPUs
+	if gpus[0].CoresUsed() != 1000 || gpus[1].CoresUsed() != 0 {
+		t.Fatalf("after both left: victim's GPU %d‰, other's %d‰; want the victim's still held", gpus[0].CoresUsed(), gpus[1].CoresUsed())
+	}
+	if c.AwaitingReclaim() != 1 {
+		t.Fatalf("awaiting reclaim: %d", c.AwaitingReclaim())
+	}
+	c.Gone("victim", true) // the hint and the handler both report it
+	inv.Reclaimed = []string{"victim"}
+	if _, err := c.SetNode("v2", inv); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Snapshot("n1").GPUs[0].CoresUsed(); got != 0 || c.AwaitingReclaim() != 0 {
+		t.Fatalf("reclaimed victim still holds %d‰", got)
+	}
+
+	// An agent that never confirms: the timeout releases the slices.
+	if err := c.AddBound("v2", "ns/v2", whole(1)); err != nil {
+		t.Fatal(err)
+	}
+	c.Gone("v2", true)
+	if got := c.ExpireReclaims(time.Now(), time.Hour); len(got) != 0 {
+		t.Fatalf("expired early: %v", got)
+	}
+	if got := c.ExpireReclaims(time.Now().Add(time.Hour), time.Hour); len(got) != 1 || c.Snapshot("n1").GPUs[1].CoresUsed() != 0 {
+		t.Fatalf("expired %v; GPU holds %d‰", got, c.Snapshot("n1").GPUs[1].CoresUsed())
 	}
 }

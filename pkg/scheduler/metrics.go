@@ -73,6 +73,31 @@ var (
 		Help:           "Bound pods whose assignment annotation could not be decoded or booked.",
 		StabilityLevel: metrics.ALPHA,
 	})
+	preemptions = metrics.NewCounterVec(&metrics.CounterOpts{
+		Subsystem:      metricsSubsystem,
+		Name:           "preemptions_total",
+		Help:           "GPU preemption attempts by result: started (victims notified), impossible (no set of victims makes the pod fit; no one evicted), conflict (a victim changed meanwhile; retried).",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"result"})
+	victimsPerPreemption = metrics.NewHistogram(&metrics.HistogramOpts{
+		Subsystem:      metricsSubsystem,
+		Name:           "preemption_victims",
+		Help:           "Victims per started GPU preemption.",
+		Buckets:        []float64{1, 2, 3, 4, 6, 8, 12, 16},
+		StabilityLevel: metrics.ALPHA,
+	})
+	awaitingReclaim = metrics.NewGauge(&metrics.GaugeOpts{
+		Subsystem:      metricsSubsystem,
+		Name:           "preemption_awaiting_reclaim",
+		Help:           "Preemption victims gone from the API server whose slices stay booked until their node's agent confirms their GPUs clean.",
+		StabilityLevel: metrics.ALPHA,
+	})
+	reclaimTimeouts = metrics.NewCounter(&metrics.CounterOpts{
+		Subsystem:      metricsSubsystem,
+		Name:           "preemption_reclaim_timeouts_total",
+		Help:           "Victims released without their agent's confirmation after preemption.reclaimTimeout.",
+		StabilityLevel: metrics.ALPHA,
+	})
 )
 
 var registerOnce sync.Once
@@ -83,7 +108,8 @@ var registerOnce sync.Once
 func registerMetrics() {
 	registerOnce.Do(func() {
 		legacyregistry.MustRegister(gpuAllocatedMemory, gpuAllocatedCores, gpuAllocatedSlices, gpuMemoryTotal,
-			unschedulable, pluginDuration, orphanedPods, inventoryErrors, assignmentErrors)
+			unschedulable, pluginDuration, orphanedPods, inventoryErrors, assignmentErrors,
+			preemptions, victimsPerPreemption, awaitingReclaim, reclaimTimeouts)
 	})
 }
 

@@ -26,7 +26,10 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	policylisters "k8s.io/client-go/listers/policy/v1"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -36,6 +39,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/inventory"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
+	"github.com/tessera-gpu/tessera/pkg/preemption"
 )
 
 // Name is the plugin's name in a KubeSchedulerConfiguration.
@@ -45,8 +49,11 @@ const stateKey fwk.StateKey = Name
 
 // Plugin is the TesseraGPU plugin of one scheduling profile.
 type Plugin struct {
-	handle fwk.Handle
-	cfg    *config.AllocatorConfig
+	handle     fwk.Handle
+	cfg        *config.AllocatorConfig
+	preemptCfg config.PreemptionConfig
+	pods       corelisters.PodLister
+	pdbs       policylisters.PodDisruptionBudgetLister
 	*shared
 }
 
@@ -59,6 +66,7 @@ var (
 	_ fwk.ReservePlugin     = (*Plugin)(nil)
 	_ fwk.BindPlugin        = (*Plugin)(nil)
 	_ fwk.EnqueueExtensions = (*Plugin)(nil)
+	_ fwk.PostFilterPlugin  = (*Plugin)(nil)
 )
 
 // shared is the state all profiles of one scheduler share: one cache of GPU
@@ -84,20 +92,22 @@ var (
 
 // New is the plugin factory for app.WithPlugin.
 func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
-	cfg, err := DecodeArgs(obj)
+	all, err := decodeArgs(obj)
 	if err != nil {
 		return nil, err
 	}
+	cfg := &all.Allocator
 	base, err := allocator.New(cfg, nil)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", argsField, err)
 	}
 	registerMetrics()
-	p := &Plugin{handle: h, cfg: cfg}
+	factory := h.SharedInformerFactory()
+	p := &Plugin{handle: h, cfg: cfg, preemptCfg: all.Preemption,
+		pods: factory.Core().V1().Pods().Lister(), pdbs: factory.Policy().V1().PodDisruptionBudgets().Lister()}
 
 	sharedMu.Lock()
 	defer sharedMu.Unlock()
-	factory := h.SharedInformerFactory()
 	if s, ok := sharedByFactory[factory]; ok {
 		if s.cache.oversub != cfg.MemoryOversubscription {
 			return nil, fmt.Errorf("%s.memoryOversubscription: %v differs from another profile's %v; profiles share one view of the GPUs and must agree",
@@ -129,6 +139,21 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	}
 	s.regs = []toolscache.ResourceEventHandlerRegistration{nodes, pods}
 	sharedByFactory[factory] = s
+	// Preemption's soft and hard levels, for the victims PostFilter
+	// notifies; and the fallback for victims whose agent never confirms
+	// their reclaim.
+	ctrl, err := preemption.NewController(h.ClientSet(), factory.Core().V1().Pods().Informer(), all.Preemption)
+	if err != nil {
+		return nil, err
+	}
+	go ctrl.Run(klog.NewContext(ctx, logger.WithName("preemption")), 2)
+	go wait.UntilWithContext(ctx, func(context.Context) {
+		if expired := s.cache.ExpireReclaims(time.Now(), all.Preemption.ReclaimTimeout.Duration); len(expired) > 0 {
+			reclaimTimeouts.Add(float64(len(expired)))
+			logger.Error(nil, "Preemption victims released without their agent's reclaim confirmation", "pods", expired, "timeout", all.Preemption.ReclaimTimeout.Duration)
+		}
+		awaitingReclaim.Set(float64(s.cache.AwaitingReclaim()))
+	}, 5*time.Second)
 	go func() {
 		<-ctx.Done()
 		sharedMu.Lock()
@@ -149,11 +174,25 @@ type stateData struct {
 	alloc *allocator.Allocator
 	// assignment is what Reserve booked, for Bind to write.
 	assignment *gpu.PodAssignment
+	// nominated are the pods nominated to a node that the framework asks
+	// Filter to count as placed there (AddPod).
+	nominated map[string][]nominatedPod
 }
 
-// Clone shares the data: nothing in it changes after PreFilter except the
-// assignment, which only Reserve and Bind of the same cycle touch.
-func (s *stateData) Clone() fwk.StateData { return s }
+// Clone shares the data, except the nominated pods, which the framework
+// adds to a clone: nothing else changes after PreFilter but the assignment,
+// which only Reserve and Bind of the same cycle touch.
+func (s *stateData) Clone() fwk.StateData {
+	if s.nominated == nil {
+		return s
+	}
+	c := *s
+	c.nominated = make(map[string][]nominatedPod, len(s.nominated))
+	for k, v := range s.nominated {
+		c.nominated[k] = append([]nominatedPod(nil), v...)
+	}
+	return &c
+}
 
 func readState(state fwk.CycleState) *stateData {
 	d, err := state.Read(stateKey)
@@ -222,10 +261,6 @@ func (p *Plugin) compile(pod *v1.Pod) (*allocator.Request, error) {
 	return req, nil
 }
 
-// PreFilterExtensions returns nil: the plugin does not take part in the
-// default preemption's what-if evaluation (GPU preemption is its own issue).
-func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
-
 // Filter says whether the pod's GPUs fit the node.
 func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
 	defer observe("Filter", time.Now())
@@ -233,7 +268,16 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod, node
 	if s == nil {
 		return nil
 	}
-	reason, _, err := p.cache.Fit(s.alloc, nodeInfo.Node().Name, s.shape, s.req)
+	var reason allocator.Reason
+	var err error
+	if len(s.nominated[nodeInfo.Node().Name]) > 0 {
+		var ok bool
+		if reason, ok = p.fitWithNominated(s, nodeInfo.Node().Name); !ok {
+			err = errNoInventory
+		}
+	} else {
+		reason, _, err = p.cache.Fit(s.alloc, nodeInfo.Node().Name, s.shape, s.req)
+	}
 	if err != nil {
 		unschedulable.WithLabelValues("NoInventory").Inc()
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable,
@@ -414,7 +458,7 @@ func (p *Plugin) onPod(logger klog.Logger, obj any, added bool) {
 		return
 	}
 	if podgpu.Finished(pod) {
-		p.cache.Gone(pod.UID)
+		p.cache.Gone(pod.UID, preemption.IsVictim(pod))
 		return
 	}
 	if added {
@@ -450,7 +494,7 @@ func (p *Plugin) onPodDelete(obj any) {
 		obj = t.Obj
 	}
 	if pod, ok := obj.(*v1.Pod); ok {
-		p.cache.Gone(pod.UID)
+		p.cache.Gone(pod.UID, preemption.IsVictim(pod))
 		prefix := string(pod.UID) + "/"
 		p.warned.Range(func(k, _ any) bool {
 			if s := k.(string); len(s) > len(prefix) && s[:len(prefix)] == prefix {

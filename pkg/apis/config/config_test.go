@@ -28,8 +28,9 @@ func TestDefaultsAreTheProductionNumbers(t *testing.T) {
 		Fragments: FragmentConfig{SampleInterval: Duration{500 * time.Millisecond}, DecreaseAbove: 0.85, IncreaseBelow: 0.40,
 			Window: Duration{5 * time.Minute}, Horizon: Duration{5 * time.Minute}, EvaluateEvery: Duration{10 * time.Second},
 			Consecutive: 12, Cooldown: Duration{2 * time.Minute}, MinSlices: 1, MaxSlices: 8, ARIMA: ARIMAOrder{P: 5, D: 1}},
-		Stall:  StallConfig{Window: Duration{5 * time.Minute}, Threshold: 0.15},
-		Health: HealthConfig{IgnoredXids: []uint64{13, 31, 43, 45, 68, 109}, QuietPeriod: Duration{5 * time.Minute}},
+		Stall:      StallConfig{Window: Duration{5 * time.Minute}, Threshold: 0.15},
+		Health:     HealthConfig{IgnoredXids: []uint64{13, 31, 43, 45, 68, 109}, QuietPeriod: Duration{5 * time.Minute}},
+		Preemption: PreemptionConfig{GracePeriod: Duration{30 * time.Second}, RecordRetention: 100, ReclaimTimeout: Duration{2 * time.Minute}},
 	}
 	if diff := cmp.Diff(want, c); diff != "" {
 		t.Errorf("Default() (-want +got):\n%s", diff)
@@ -73,6 +74,10 @@ func TestLoad(t *testing.T) {
 		},
 		{name: "negative quiet period", yaml: "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\nhealth:\n  quietPeriod: -1s\n",
 			wantErr: []string{"health.quietPeriod: invalid value -1s"}, wantField: "health.quietPeriod"},
+		{name: "negative grace period", yaml: "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\npreemption:\n  gracePeriod: -5s\n",
+			wantErr: []string{"preemption.gracePeriod: invalid value -5s"}, wantField: "preemption.gracePeriod"},
+		{name: "no scene records kept", yaml: "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\npreemption:\n  recordRetention: -1\n",
+			wantErr: []string{"preemption.recordRetention"}, wantField: "preemption.recordRetention"},
 		{name: "oversubscription above 1.5", yaml: "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\nallocator:\n  memoryOversubscription: 2.0\n",
 			wantErr: []string{"allocator.memoryOversubscription: invalid value 2"}, wantField: "allocator.memoryOversubscription"},
 		{name: "oversubscription below 1", yaml: "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\nallocator:\n  memoryOversubscription: 0.5\n",

@@ -37,6 +37,11 @@ const (
 	DefaultStallThreshold        = 0.15
 	// DefaultQuietPeriod: a faulted GPU returns after 5 minutes without faults.
 	DefaultQuietPeriod = 5 * time.Minute
+	// DefaultGracePeriod is the victim's time to checkpoint (kubelet's own
+	// default termination grace period).
+	DefaultGracePeriod     = 30 * time.Second
+	DefaultRecordRetention = 100
+	DefaultReclaimTimeout  = 2 * time.Minute
 )
 
 // DefaultIgnoredXids are the XIDs an application causes, not the GPU (the
@@ -111,6 +116,11 @@ func SetDefaults(c *Configuration) {
 		c.Health.IgnoredXids = append([]uint64(nil), DefaultIgnoredXids...)
 	}
 	setDuration(&c.Health.QuietPeriod, DefaultQuietPeriod)
+	setDuration(&c.Preemption.GracePeriod, DefaultGracePeriod)
+	setDuration(&c.Preemption.ReclaimTimeout, DefaultReclaimTimeout)
+	if c.Preemption.RecordRetention == 0 {
+		c.Preemption.RecordRetention = DefaultRecordRetention
+	}
 	if c.Stall.Threshold == 0 {
 		c.Stall.Threshold = DefaultStallThreshold
 	}

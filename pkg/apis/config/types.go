@@ -48,6 +48,22 @@ type Configuration struct {
 	Stall StallConfig `json:"stall"`
 	// Health decides when NVML faults take a GPU out of service.
 	Health HealthConfig `json:"health"`
+	// Preemption is the three-level GPU preemption (scheduler side).
+	Preemption PreemptionConfig `json:"preemption"`
+}
+
+// PreemptionConfig times GPU preemption: a victim is told to checkpoint and
+// given GracePeriod (a pod annotation may shorten it, never lengthen it),
+// then stopped with its scene recorded; its slices stay booked until its
+// node's agent confirms no process of it holds the GPU, or ReclaimTimeout.
+type PreemptionConfig struct {
+	GracePeriod Duration `json:"gracePeriod"`
+	// RecordRetention is how many scene records (ConfigMaps of hard
+	// preemptions) are kept; older ones are deleted.
+	RecordRetention int `json:"recordRetention"`
+	// ReclaimTimeout bounds the wait for the agent's confirmation: a node
+	// whose agent is gone must not hold a victim's slices forever.
+	ReclaimTimeout Duration `json:"reclaimTimeout"`
 }
 
 // HealthConfig is the agent's fault handling.

@@ -61,6 +61,11 @@ func Validate(c *Configuration) error {
 	positive("fragments.sampleInterval", c.Fragments.SampleInterval)
 	positive("stall.window", c.Stall.Window)
 	positive("health.quietPeriod", c.Health.QuietPeriod)
+	positive("preemption.gracePeriod", c.Preemption.GracePeriod)
+	positive("preemption.reclaimTimeout", c.Preemption.ReclaimTimeout)
+	if c.Preemption.RecordRetention < 1 {
+		bad("preemption.recordRetention", c.Preemption.RecordRetention, "must be at least 1")
+	}
 	if c.Fragments.SampleInterval.Duration > 0 && c.Fragments.SampleInterval.Duration < 10*time.Millisecond {
 		bad("fragments.sampleInterval", c.Fragments.SampleInterval.Duration, "below 10ms NVML utilization samples repeat")
 	}

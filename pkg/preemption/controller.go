@@ -1,0 +1,341 @@
+package preemption
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/component-base/metrics"
+	"k8s.io/component-base/metrics/legacyregistry"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+)
+
+// Controller carries out the soft and hard levels for the victims the
+// scheduler notified: it ends the wait when a victim exits or reports its
+// checkpoint, and at the deadline records the victim's scene and deletes it.
+// It runs in the scheduler process, on the scheduler's pod informer.
+type Controller struct {
+	client kubernetes.Interface
+	pods   corelisters.PodLister
+	cfg    config.PreemptionConfig
+	queue  workqueue.TypedRateLimitingInterface[types.NamespacedName]
+	now    func() time.Time
+
+	// ended remembers how each victim's preemption ended once the
+	// controller ended it, so the deletion that follows is not counted
+	// again; a victim that left on its own is a soft preemption.
+	ended sync.Map // types.UID → level
+}
+
+// Levels a preemption ends at.
+const (
+	LevelSoft = "soft" // the victim exited or reported its checkpoint
+	LevelHard = "hard" // the grace period ran out
+)
+
+// NewController watches informer's pods (the scheduler's).
+func NewController(client kubernetes.Interface, informer cache.SharedIndexInformer, cfg config.PreemptionConfig) (*Controller, error) {
+	registerMetrics()
+	c := &Controller{
+		client: client, pods: corelisters.NewPodLister(informer.GetIndexer()), cfg: cfg, now: time.Now,
+		queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[types.NamespacedName]()),
+	}
+	_, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.enqueue,
+		UpdateFunc: func(_, o any) { c.enqueue(o) },
+		DeleteFunc: c.deleted,
+	})
+	return c, err
+}
+
+func (c *Controller) enqueue(obj any) {
+	if p, ok := obj.(*v1.Pod); ok && IsVictim(p) {
+		c.queue.Add(types.NamespacedName{Namespace: p.Namespace, Name: p.Name})
+	}
+}
+
+// deleted counts a victim that left: a soft preemption unless the
+// controller ended it itself.
+func (c *Controller) deleted(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	p, ok := obj.(*v1.Pod)
+	if !ok {
+		return
+	}
+	n, err := NoticeOf(p)
+	if err != nil || n == nil {
+		return
+	}
+	if _, ended := c.ended.LoadAndDelete(p.UID); ended {
+		return
+	}
+	levels.WithLabelValues(LevelSoft).Inc()
+	levelSeconds.WithLabelValues(LevelSoft).Observe(c.now().Sub(n.NoticeAt).Seconds())
+}
+
+// Run works the queue until ctx ends.
+func (c *Controller) Run(ctx context.Context, workers int) {
+	defer c.queue.ShutDown()
+	for range workers {
+		go func() {
+			for c.next(ctx) {
+			}
+		}()
+	}
+	<-ctx.Done()
+}
+
+func (c *Controller) next(ctx context.Context) bool {
+	key, quit := c.queue.Get()
+	if quit {
+		return false
+	}
+	defer c.queue.Done(key)
+	after, err := c.sync(ctx, key)
+	switch {
+	case err != nil:
+		klog.FromContext(ctx).Error(err, "Preemption step failed; retrying", "pod", key)
+		c.queue.AddRateLimited(key)
+	case after > 0:
+		c.queue.Forget(key)
+		c.queue.AddAfter(key, after)
+	default:
+		c.queue.Forget(key)
+	}
+	return true
+}
+
+// sync moves one victim on; it returns how long until it must look again.
+func (c *Controller) sync(ctx context.Context, key types.NamespacedName) (time.Duration, error) {
+	pod, err := c.pods.Pods(key.Namespace).Get(key.Name)
+	if apierrors.IsNotFound(err) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	n, err := NoticeOf(pod)
+	if err != nil || n == nil || pod.DeletionTimestamp != nil {
+		return 0, nil
+	}
+	logger := klog.FromContext(ctx).WithValues("victim", klog.KObj(pod), "preemptor", n.Preemptor)
+	now := c.now()
+	if at, ok := pod.Annotations[AnnotationCheckpointed]; ok {
+		// Its checkpoint is saved: nothing is lost by stopping it now.
+		logger.Info("Victim reported its checkpoint; stopping it", "checkpointedAt", at)
+		c.event(ctx, pod, v1.EventTypeNormal, "PreemptedAfterCheckpoint", fmt.Sprintf("Checkpoint reported at %s; stopped for %s", at, n.Preemptor))
+		return 0, c.stop(ctx, pod, n, LevelSoft, now)
+	}
+	if now.Before(n.Deadline) {
+		return n.Deadline.Sub(now), nil
+	}
+	// Hard: keep the scene, then stop it.
+	rec, err := c.record(ctx, pod, n, now)
+	if err != nil {
+		// A lost record must not keep the preemptor waiting.
+		logger.Error(err, "Could not record the preempted pod's scene")
+	}
+	c.event(ctx, pod, v1.EventTypeWarning, "PreemptedHard",
+		fmt.Sprintf("Grace period ended at %s without a checkpoint; stopped for %s; scene recorded in %s/%s", n.Deadline.Format(time.RFC3339), n.Preemptor, RecordNamespace, rec))
+	logger.Info("Grace period over; stopping the victim", "record", rec)
+	return 0, c.stop(ctx, pod, n, LevelHard, now)
+}
+
+// stop deletes the victim at once (its grace was the notice's).
+func (c *Controller) stop(ctx context.Context, pod *v1.Pod, n *Notice, level string, now time.Time) error {
+	c.ended.Store(pod.UID, level)
+	zero := int64(0)
+	uid := pod.UID
+	err := c.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &uid}})
+	if err != nil && !apierrors.IsNotFound(err) {
+		c.ended.Delete(pod.UID)
+		return err
+	}
+	levels.WithLabelValues(level).Inc()
+	levelSeconds.WithLabelValues(level).Observe(now.Sub(n.NoticeAt).Seconds())
+	return nil
+}
+
+// Scene is a hard preemption's record: what was stopped, where, for whom,
+// when each level happened, and how its containers stood.
+type Scene struct {
+	Victim        string             `json:"victim"` // namespace/name
+	UID           string             `json:"uid"`
+	Node          string             `json:"node"`
+	Priority      int32              `json:"priority"`
+	PriorityClass string             `json:"priorityClass,omitempty"`
+	Containers    []ContainerScene   `json:"containers"`
+	Assignment    *gpu.PodAssignment `json:"assignment,omitempty"`
+	Preemptor     string             `json:"preemptor"`
+	PreemptorUID  string             `json:"preemptorUID"`
+	Reason        string             `json:"reason"`
+	NoticeAt      time.Time          `json:"noticeAt"`
+	Deadline      time.Time          `json:"deadline"`
+	StoppedAt     time.Time          `json:"stoppedAt"`
+}
+
+// ContainerScene is one container as it stood when stopped.
+type ContainerScene struct {
+	Name         string            `json:"name"`
+	Image        string            `json:"image"`
+	Limits       map[string]string `json:"limits,omitempty"`
+	State        v1.ContainerState `json:"state"`
+	LastState    v1.ContainerState `json:"lastState"`
+	RestartCount int32             `json:"restartCount"`
+	LastLog      string            `json:"lastLog"`
+}
+
+// logLines is how much of each container's log a record keeps.
+const logLines = 50
+
+// record writes the victim's scene into a ConfigMap in RecordNamespace and
+// trims the records to the retention limit. It returns the record's name.
+func (c *Controller) record(ctx context.Context, pod *v1.Pod, n *Notice, now time.Time) (string, error) {
+	sc := Scene{Victim: pod.Namespace + "/" + pod.Name, UID: string(pod.UID), Node: pod.Spec.NodeName, PriorityClass: pod.Spec.PriorityClassName,
+		Preemptor: n.Preemptor, PreemptorUID: n.PreemptorUID, Reason: n.Reason, NoticeAt: n.NoticeAt, Deadline: n.Deadline, StoppedAt: now.UTC()}
+	if pod.Spec.Priority != nil {
+		sc.Priority = *pod.Spec.Priority
+	}
+	if s, ok := pod.Annotations[gpu.AnnotationAssignment]; ok {
+		sc.Assignment, _ = gpu.DecodeAssignment(s)
+	}
+	statuses := map[string]v1.ContainerStatus{}
+	for _, st := range pod.Status.ContainerStatuses {
+		statuses[st.Name] = st
+	}
+	for _, ct := range pod.Spec.Containers {
+		cs := ContainerScene{Name: ct.Name, Image: ct.Image, Limits: map[string]string{}}
+		for k, q := range ct.Resources.Limits {
+			cs.Limits[string(k)] = q.String()
+		}
+		st := statuses[ct.Name]
+		cs.State, cs.LastState, cs.RestartCount = st.State, st.LastTerminationState, st.RestartCount
+		cs.LastLog = c.lastLog(ctx, pod, ct.Name)
+		sc.Containers = append(sc.Containers, cs)
+	}
+	body, err := json.MarshalIndent(sc, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	if err := c.ensureNamespace(ctx); err != nil {
+		return "", err
+	}
+	name := recordName(pod)
+	cm := &v1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: RecordNamespace, Labels: map[string]string{
+			recordLabel: "true", "tessera.dev/victim-namespace": pod.Namespace,
+		}, Annotations: map[string]string{"tessera.dev/victim": sc.Victim, "tessera.dev/preemptor": n.Preemptor}},
+		Data: map[string]string{"scene.json": string(body)},
+	}
+	if _, err := c.client.CoreV1().ConfigMaps(RecordNamespace).Create(ctx, cm, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return "", err
+	}
+	return name, c.trim(ctx)
+}
+
+const recordLabel = "tessera.dev/preemption-record"
+
+// RecordLabel selects the scene records.
+const RecordLabel = recordLabel + "=true"
+
+func recordName(pod *v1.Pod) string {
+	n := pod.Name
+	if len(n) > 40 {
+		n = n[:40]
+	}
+	return strings.TrimSuffix("preempted-"+n, "-") + "-" + string(pod.UID)[:8]
+}
+
+// lastLog is the tail of a container's log, or why there is none.
+func (c *Controller) lastLog(ctx context.Context, pod *v1.Pod, container string) string {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	lines := int64(logLines)
+	b, err := c.client.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &v1.PodLogOptions{Container: container, TailLines: &lines}).DoRaw(ctx)
+	if err != nil {
+		return "unavailable: " + err.Error()
+	}
+	return string(b)
+}
+
+func (c *Controller) ensureNamespace(ctx context.Context) error {
+	_, err := c.client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: RecordNamespace}}, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return err
+}
+
+// trim deletes the oldest records beyond the retention limit.
+func (c *Controller) trim(ctx context.Context) error {
+	list, err := c.client.CoreV1().ConfigMaps(RecordNamespace).List(ctx, metav1.ListOptions{LabelSelector: RecordLabel})
+	if err != nil {
+		return err
+	}
+	items := list.Items
+	if len(items) <= c.cfg.RecordRetention {
+		return nil
+	}
+	sort.Slice(items, func(i, j int) bool {
+		if !items[i].CreationTimestamp.Equal(&items[j].CreationTimestamp) {
+			return items[i].CreationTimestamp.Before(&items[j].CreationTimestamp)
+		}
+		return items[i].Name < items[j].Name
+	})
+	for _, cm := range items[:len(items)-c.cfg.RecordRetention] {
+		if err := c.client.CoreV1().ConfigMaps(RecordNamespace).Delete(ctx, cm.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+// event records an Event on the victim, best effort.
+func (c *Controller) event(ctx context.Context, pod *v1.Pod, kind, reason, msg string) {
+	now := metav1.NewTime(c.now())
+	ev := &v1.Event{
+		ObjectMeta:     metav1.ObjectMeta{GenerateName: pod.Name + ".", Namespace: pod.Namespace},
+		InvolvedObject: v1.ObjectReference{Kind: "Pod", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID, APIVersion: "v1"},
+		Reason:         reason, Message: msg, Type: kind, Source: v1.EventSource{Component: "tessera-scheduler"},
+		FirstTimestamp: now, LastTimestamp: now, Count: 1,
+	}
+	if _, err := c.client.CoreV1().Events(pod.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		klog.FromContext(ctx).V(2).Info("Could not record event", "reason", reason, "err", err)
+	}
+}
+
+var (
+	levels = metrics.NewCounterVec(&metrics.CounterOpts{
+		Subsystem: "tessera_scheduler", Name: "preemption_levels_total",
+		Help:           "Preemption victims by the level their preemption ended at: soft (exited or checkpointed within the grace period), hard (stopped at its end).",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"level"})
+	levelSeconds = metrics.NewHistogramVec(&metrics.HistogramOpts{
+		Subsystem: "tessera_scheduler", Name: "preemption_level_duration_seconds",
+		Help:           "Time from a victim's notice to its end, by the level it ended at.",
+		Buckets:        metrics.ExponentialBuckets(0.1, 2, 12),
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"level"})
+	registerOnce sync.Once
+)
+
+func registerMetrics() {
+	registerOnce.Do(func() { legacyregistry.MustRegister(levels, levelSeconds) })
+}
