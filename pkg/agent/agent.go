@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"reflect"
 	"sync"
+	"syscall"
 	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -20,6 +21,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
@@ -30,6 +32,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent/metrics"
 	"github.com/tessera-gpu/tessera/pkg/agent/mps"
 	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
+	"github.com/tessera-gpu/tessera/pkg/agent/reclaim"
 	"github.com/tessera-gpu/tessera/pkg/agent/tenants"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
@@ -59,8 +62,15 @@ type Options struct {
 	CDIDir string
 	// ProcRoot is /proc with the host's PID namespace.
 	ProcRoot string
-	// NodePods lists this node's pods, for per-tenant metrics.
+	// NodePods lists this node's pods, for per-tenant metrics and
+	// preemption.
 	NodePods tenants.PodSource
+	// NoticeRoot holds each pod's preemption notice directory, mounted into
+	// its GPU containers (/run/tessera/preemption on a node); empty turns
+	// the agent's part of preemption off.
+	NoticeRoot string
+	// Kill ends a preempted pod's leftover GPU process (SIGKILL when nil).
+	Kill func(pid uint32) error
 }
 
 // Agent is one node's agent.
@@ -81,13 +91,20 @@ type Agent struct {
 	adjMu    sync.Mutex
 	adj      *adjuster.Adjuster
 	lastEval time.Time
+
+	// Preemption: victims on this node, and the ones reclaimed lately.
+	reclaimer *reclaim.Reclaimer
+	preemptMu sync.Mutex
+	victims   map[types.UID]*victim
+	reclaimed []string
 }
 
 // New opens NVML and reads the GPUs. Without a driver it fails with
 // nvml.ErrNoDriver, unless AllowNoGPU asks for an empty node.
 func New(opts Options) (*Agent, error) {
 	cfg := opts.Config
-	a := &Agent{opts: opts, health: health.New(cfg.Health.IgnoredXids, cfg.Health.QuietPeriod.Duration), reg: prometheus.NewRegistry()}
+	a := &Agent{opts: opts, health: health.New(cfg.Health.IgnoredXids, cfg.Health.QuietPeriod.Duration), reg: prometheus.NewRegistry(),
+		victims: map[types.UID]*victim{}}
 	adj, err := adjuster.New(cfg.Fragments)
 	if err != nil {
 		return nil, err
@@ -130,7 +147,11 @@ func New(opts Options) (*Agent, error) {
 	if a.MPS != nil {
 		pipe = a.MPS.PipeDir
 	}
-	a.Plugin = deviceplugin.New(deviceplugin.Config{Node: opts.Node, Holder: opts.Holder, Pods: opts.Pods, PipeDir: pipe, CDIDir: opts.CDIDir})
+	var noticeDir deviceplugin.NoticeDir
+	if opts.NoticeRoot != "" {
+		noticeDir = a.NoticeDir
+	}
+	a.Plugin = deviceplugin.New(deviceplugin.Config{Node: opts.Node, Holder: opts.Holder, Pods: opts.Pods, PipeDir: pipe, CDIDir: opts.CDIDir, NoticeDir: noticeDir})
 	if a.gpus != nil {
 		var res *tenants.Resolver
 		if opts.NodePods != nil {
@@ -142,8 +163,13 @@ func New(opts Options) (*Agent, error) {
 		}
 		a.Sampler = metrics.NewSampler(opts.Node, a.gpus, res, a.health, slices, cfg.Stall.Window.Duration)
 		a.reg.MustRegister(a.Sampler)
+		kill := opts.Kill
+		if kill == nil {
+			kill = func(pid uint32) error { return syscall.Kill(int(pid), syscall.SIGKILL) }
+		}
+		a.reclaimer = &reclaim.Reclaimer{GPUs: a.gpus, ProcRoot: opts.ProcRoot, Kill: kill, Wait: 5 * time.Second, Poll: 100 * time.Millisecond}
 	}
-	a.reg.MustRegister(mpsRestarts, sliceChanges)
+	a.reg.MustRegister(mpsRestarts, sliceChanges, reclaims, reclaimKilled, reclaimDuration)
 	return a, nil
 }
 
@@ -208,6 +234,7 @@ func (a *Agent) Inventory(now time.Time) *gpu.NodeInventory {
 		dev.Slices = a.slicesOf(d.UUID)
 		inv.GPUs = append(inv.GPUs, dev)
 	}
+	inv.Reclaimed = a.reclaimedList()
 	return inv
 }
 
@@ -358,6 +385,7 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 			logger.V(2).Info("Collected CDI specs of finished containers", "count", n)
 		}
 	}, 30*time.Second)
+	go wait.UntilWithContext(ctx, func(ctx context.Context) { a.preemptionPass(ctx, time.Now()) }, 250*time.Millisecond)
 	if a.gpus != nil {
 		go func() {
 			// Without events a fault is only seen when the GPU stops

@@ -28,6 +28,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -39,6 +40,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
+	"github.com/tessera-gpu/tessera/pkg/preemption"
 )
 
 // ResourceName is the extended resource the plugin serves.
@@ -68,6 +70,10 @@ type Holder interface {
 // informer), or nil.
 type Pods func(namespace, name string) *v1.Pod
 
+// NoticeDir is the host directory of a pod's preemption notices, mounted
+// into its GPU containers at preemption.ContainerDir.
+type NoticeDir func(podUID string) string
+
 // Plugin is the device plugin. Create it with New.
 type Plugin struct {
 	pluginapi.UnimplementedDevicePluginServer
@@ -75,8 +81,9 @@ type Plugin struct {
 	node    string
 	holder  Holder
 	pods    Pods
-	pipeDir PipeDir
-	cdiDir  string
+	pipeDir   PipeDir
+	cdiDir    string
+	noticeDir NoticeDir
 
 	mu      sync.Mutex
 	gpus    []GPUSlots
@@ -92,11 +99,14 @@ type Config struct {
 	PipeDir PipeDir
 	// CDIDir is where slot specs are written (/var/run/cdi on a node).
 	CDIDir string
+	// NoticeDir, when set, gives every GPU container its pod's preemption
+	// notice directory.
+	NoticeDir NoticeDir
 }
 
 // New returns a plugin advertising nothing until SetGPUs.
 func New(c Config) *Plugin {
-	return &Plugin{node: c.Node, holder: c.Holder, pods: c.Pods, pipeDir: c.PipeDir, cdiDir: c.CDIDir, changed: make(chan struct{})}
+	return &Plugin{node: c.Node, holder: c.Holder, pods: c.Pods, pipeDir: c.PipeDir, cdiDir: c.CDIDir, noticeDir: c.NoticeDir, changed: make(chan struct{})}
 }
 
 // SetGPUs replaces what is advertised; ListAndWatch streams the change to
@@ -259,7 +269,18 @@ func (p *Plugin) editsFor(ns, name, container string, slots int) (Edits, error) 
 		if len(c.GPUs) != slots {
 			return Edits{}, fmt.Errorf("pod %s/%s container %s holds %d slots but is assigned %d GPUs", ns, name, container, slots, len(c.GPUs))
 		}
-		return EditsFor(c, p.pipeDir)
+		e, err := EditsFor(c, p.pipeDir)
+		if err != nil || p.noticeDir == nil {
+			return e, err
+		}
+		// The preemption contract: the notice appears here, and the
+		// workload reports its checkpoint here.
+		dir := p.noticeDir(string(pod.UID))
+		if err := os.MkdirAll(dir, 0o777); err != nil {
+			return Edits{}, fmt.Errorf("preemption notice directory: %w", err)
+		}
+		e.Mounts = append(e.Mounts, Mount{HostPath: dir, ContainerPath: preemption.ContainerDir, Options: []string{"rbind", "rw"}})
+		return e, nil
 	}
 	return Edits{}, fmt.Errorf("pod %s/%s container %s: %w", ns, name, container, ErrNoAssignment)
 }

@@ -88,6 +88,16 @@ func (t *Tracker) Observe(ev nvml.Event, now time.Time, all ...string) bool {
 	return true
 }
 
+// Fault takes a GPU out of service at now for a reason found outside NVML's
+// events (a preempted pod's process that would not die); it returns after
+// the quiet period like any fault.
+func (t *Tracker) Fault(uuid string, now time.Time, reason string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.get(uuid)
+	s.lastFault, s.reason = now, reason
+}
+
 // Lost records that a GPU stopped answering (or vanished) at now.
 func (t *Tracker) Lost(uuid string, now time.Time) {
 	t.mu.Lock()

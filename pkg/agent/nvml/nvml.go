@@ -324,3 +324,21 @@ func (c *Client) SetComputeMode(uuid string, m gonvml.ComputeMode) error {
 	}
 	return nil
 }
+
+// Processes lists the PIDs holding a compute context on a GPU (host PID
+// namespace), for preemption's reclaim check.
+func (c *Client) Processes(uuid string) ([]uint32, error) {
+	d, ret := c.lib.DeviceGetHandleByUUID(uuid)
+	if ret != gonvml.SUCCESS {
+		return nil, fmt.Errorf("GPU %s: handle: %s", uuid, errorString(c.lib, ret))
+	}
+	procs, ret := d.GetComputeRunningProcesses()
+	if ret != gonvml.SUCCESS {
+		return nil, fmt.Errorf("GPU %s: running processes: %s", uuid, errorString(c.lib, ret))
+	}
+	out := make([]uint32, 0, len(procs))
+	for _, p := range procs {
+		out = append(out, p.Pid)
+	}
+	return out, nil
+}

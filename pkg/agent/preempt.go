@@ -1,0 +1,197 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/pkg/agent/reclaim"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/podgpu"
+	"github.com/tessera-gpu/tessera/pkg/preemption"
+)
+
+// victim is a pod of this node under a preemption notice.
+type victim struct {
+	namespace, name string
+	gpus            []string
+	reclaiming      bool
+}
+
+// NoticeDir is the host directory mounted into a pod's GPU containers at
+// preemption.ContainerDir.
+func (a *Agent) NoticeDir(podUID string) string {
+	return filepath.Join(a.opts.NoticeRoot, podUID)
+}
+
+// preemptionPass does the node's part of preemption for one look at the
+// node's pods: it writes the notice into each new victim's containers,
+// reports a checkpoint the workload wrote, and reclaims the GPUs of victims
+// that have left.
+func (a *Agent) preemptionPass(ctx context.Context, now time.Time) {
+	if a.opts.NodePods == nil || a.opts.NoticeRoot == "" {
+		return
+	}
+	logger := klog.FromContext(ctx)
+	present := map[types.UID]bool{}
+	for _, p := range a.opts.NodePods() {
+		n, err := preemption.NoticeOf(p)
+		if err != nil || n == nil {
+			continue
+		}
+		if !podgpu.Finished(p) {
+			present[p.UID] = true
+		}
+		a.trackVictim(ctx, p, n)
+		if _, done := p.Annotations[preemption.AnnotationCheckpointed]; !done {
+			if _, err := os.Stat(filepath.Join(a.NoticeDir(string(p.UID)), preemption.CheckpointedFile)); err == nil {
+				patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, preemption.AnnotationCheckpointed, now.UTC().Format(time.RFC3339Nano))
+				if _, err := a.opts.Client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+					logger.Error(err, "Could not report a victim's checkpoint", "pod", klog.KObj(p))
+				} else {
+					logger.Info("Preemption victim saved its checkpoint", "pod", klog.KObj(p))
+				}
+			}
+		}
+	}
+	a.preemptMu.Lock()
+	var gone []types.UID
+	for uid, v := range a.victims {
+		if !present[uid] && !v.reclaiming {
+			v.reclaiming = true
+			gone = append(gone, uid)
+		}
+	}
+	a.preemptMu.Unlock()
+	for _, uid := range gone {
+		go a.reclaimVictim(ctx, uid)
+	}
+}
+
+// trackVictim remembers a victim's GPUs and writes its notice file once.
+func (a *Agent) trackVictim(ctx context.Context, p *v1.Pod, n *preemption.Notice) {
+	a.preemptMu.Lock()
+	_, known := a.victims[p.UID]
+	if !known {
+		v := &victim{namespace: p.Namespace, name: p.Name}
+		if asg, err := podgpu.BoundAssignment(p); err == nil && asg != nil && asg.Node == a.opts.Node {
+			for _, c := range asg.Containers {
+				for _, g := range c.GPUs {
+					if !slices.Contains(v.gpus, g.UUID) {
+						v.gpus = append(v.gpus, g.UUID)
+					}
+				}
+			}
+		}
+		a.victims[p.UID] = v
+	}
+	a.preemptMu.Unlock()
+	if known {
+		return
+	}
+	dir := a.NoticeDir(string(p.UID))
+	b, _ := json.Marshal(n)
+	if err := os.MkdirAll(dir, 0o777); err == nil {
+		err = os.WriteFile(filepath.Join(dir, preemption.NoticeFile), b, 0o644)
+		if err == nil {
+			klog.FromContext(ctx).Info("Preemption notice delivered", "pod", klog.KObj(p), "deadline", n.Deadline, "preemptor", n.Preemptor)
+			return
+		}
+		klog.FromContext(ctx).Error(err, "Could not deliver a preemption notice", "pod", klog.KObj(p))
+	}
+}
+
+// reclaimVictim makes sure no process of a victim that left holds its GPUs,
+// then lists it as reclaimed in the inventory, which lets the scheduler give
+// its slices to the preemptor. A process that will not die takes its GPU
+// out of service instead.
+func (a *Agent) reclaimVictim(ctx context.Context, uid types.UID) {
+	a.preemptMu.Lock()
+	v := a.victims[uid]
+	a.preemptMu.Unlock()
+	logger := klog.FromContext(ctx).WithValues("pod", klog.KRef(v.namespace, v.name), "uid", uid)
+	start := time.Now()
+	result := "clean"
+	if a.reclaimer != nil && len(v.gpus) > 0 {
+		res, err := a.reclaimer.Reclaim(ctx, string(uid), v.gpus)
+		killed := 0
+		for _, pids := range res.Killed {
+			killed += len(pids)
+		}
+		if killed > 0 {
+			result = "killed"
+			reclaimKilled.WithLabelValues(a.opts.Node).Add(float64(killed))
+			logger.Info("Killed a preempted pod's leftover GPU processes", "killed", res.Killed)
+		}
+		switch {
+		case errors.Is(err, reclaim.ErrStuck):
+			result = "stuck"
+			now := time.Now()
+			for uuid, pids := range res.Stuck {
+				reason := fmt.Sprintf("preempted pod %s/%s left processes %v that could not be killed", v.namespace, v.name, pids)
+				a.health.Fault(uuid, now, reason)
+				a.event(ctx, now, v1.EventTypeWarning, "ReclaimFailed", "Quarantine", fmt.Sprintf("GPU %s out of service: %s", uuid, reason))
+			}
+			logger.Error(err, "GPUs of a preempted pod taken out of service")
+		case err != nil:
+			// NVML could not be read: try again at the next pass.
+			logger.Error(err, "Reclaim check failed; retrying")
+			a.preemptMu.Lock()
+			v.reclaiming = false
+			a.preemptMu.Unlock()
+			return
+		}
+	}
+	reclaims.WithLabelValues(a.opts.Node, result).Inc()
+	reclaimDuration.WithLabelValues(a.opts.Node).Observe(time.Since(start).Seconds())
+	a.preemptMu.Lock()
+	delete(a.victims, uid)
+	if result != "stuck" {
+		a.reclaimed = append(a.reclaimed, string(uid))
+		if len(a.reclaimed) > gpu.MaxReclaimed {
+			a.reclaimed = a.reclaimed[len(a.reclaimed)-gpu.MaxReclaimed:]
+		}
+	}
+	a.preemptMu.Unlock()
+	_ = os.RemoveAll(a.NoticeDir(string(uid)))
+	if result != "stuck" {
+		logger.Info("Preempted pod's GPUs reclaimed", "gpus", v.gpus, "result", result, "took", time.Since(start))
+	}
+	if err := a.Refresh(ctx, time.Now()); err != nil {
+		logger.Error(err, "Publishing the reclaim failed; retrying at the next pass")
+	}
+}
+
+// reclaimedList is the inventory's Reclaimed field.
+func (a *Agent) reclaimedList() []string {
+	a.preemptMu.Lock()
+	defer a.preemptMu.Unlock()
+	return slices.Clone(a.reclaimed)
+}
+
+var (
+	reclaims = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tessera_reclaim_total",
+		Help: "Preempted pods whose GPUs the agent checked, by result: clean (no process left), killed (leftovers killed), stuck (a leftover survived; its GPU was taken out of service).",
+	}, []string{"node", "result"})
+	reclaimKilled = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tessera_reclaim_killed_processes_total",
+		Help: "Leftover GPU processes of preempted pods killed by the agent.",
+	}, []string{"node"})
+	reclaimDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "tessera_reclaim_duration_seconds",
+		Help:    "Time the reclaim of a preempted pod that left took: the check of its GPUs' processes, kills and the wait for them included.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 4, 9),
+	}, []string{"node"})
+)
