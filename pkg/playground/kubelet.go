@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -32,11 +33,23 @@ import (
 	dpv1beta1 "k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/plugin/v1beta1"
 
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/preemption"
 )
 
-// AnnotationRunFor makes a playground pod's containers exit successfully
-// after the given duration ("30s"); without it they run until deleted.
-const AnnotationRunFor = "playground.tessera.dev/run-for"
+// Annotations that script a playground pod's simulated containers.
+const (
+	// AnnotationRunFor makes the containers exit successfully after the
+	// given duration ("30s"); without it they run until deleted.
+	AnnotationRunFor = "playground.tessera.dev/run-for"
+	// AnnotationOnPreemption is what the workload does when its
+	// preemption notice appears: "exit" (it saves its state and exits),
+	// "checkpoint" (it saves its state and writes the checkpointed file),
+	// or "ignore" (the default: it knows nothing of the contract).
+	AnnotationOnPreemption = "playground.tessera.dev/on-preemption"
+	// AnnotationLeftover leaves the containers' GPU processes behind when
+	// they stop: "process" (until killed) or "unkillable".
+	AnnotationLeftover = "playground.tessera.dev/leftover"
+)
 
 // kubelet is the playground's stand-in for one node's kubelet: it registers
 // the Node, runs kubelet's own device-plugin registration server and plugin
@@ -52,6 +65,9 @@ type kubelet struct {
 	// dir holds device-plugins/ and pod-resources/ as /var/lib/kubelet does.
 	dir  string
 	load *load
+	// noticeRoot is the agent's preemption notice root: a container sees
+	// its pod's directory under it.
+	noticeRoot string
 
 	reg      dpv1beta1.Server
 	podRes   *grpc.Server
@@ -65,6 +81,7 @@ type kubelet struct {
 	running map[types.UID]*v1.Pod             // pods whose containers run
 	started map[types.UID]map[string]string   // pod → container → runtime ID
 	stopAt  map[types.UID]*time.Timer         // run-for timers
+	reacted map[types.UID]bool                // preemption notices acted on
 	synced  map[string]int64                  // last tessera.dev/gpu capacity written
 }
 
@@ -80,13 +97,13 @@ var nodeCapacity = v1.ResourceList{
 	v1.ResourcePods:   resource.MustParse("250"),
 }
 
-func newKubelet(node, dir string, client kubernetes.Interface, l *load) *kubelet {
+func newKubelet(node, dir, noticeRoot string, client kubernetes.Interface, l *load) *kubelet {
 	return &kubelet{
-		node: node, dir: dir, client: client, load: l,
+		node: node, dir: dir, client: client, load: l, noticeRoot: noticeRoot,
 		queue:   workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](200*time.Millisecond, 5*time.Second)),
 		devices: map[string]bool{}, held: map[types.UID]map[string][]string{},
 		running: map[types.UID]*v1.Pod{}, started: map[types.UID]map[string]string{},
-		stopAt: map[types.UID]*time.Timer{},
+		stopAt: map[types.UID]*time.Timer{}, reacted: map[types.UID]bool{},
 	}
 }
 
@@ -148,7 +165,37 @@ func (k *kubelet) start(ctx context.Context) error {
 	for range 8 {
 		go k.work(ctx)
 	}
+	go wait.UntilWithContext(ctx, k.watchNotices, 100*time.Millisecond)
 	return nil
+}
+
+// watchNotices plays the workloads' side of the preemption contract: a
+// running container whose notice appeared in its mounted directory exits or
+// writes its checkpoint file, as its pod's annotation scripts it.
+func (k *kubelet) watchNotices(ctx context.Context) {
+	k.mu.Lock()
+	var todo []*v1.Pod
+	for uid, p := range k.running {
+		if !k.reacted[uid] && p.Annotations[AnnotationOnPreemption] != "" && p.Annotations[AnnotationOnPreemption] != "ignore" {
+			todo = append(todo, p)
+		}
+	}
+	k.mu.Unlock()
+	for _, p := range todo {
+		dir := filepath.Join(k.noticeRoot, string(p.UID))
+		if _, err := os.Stat(filepath.Join(dir, preemption.NoticeFile)); err != nil {
+			continue
+		}
+		k.mu.Lock()
+		k.reacted[p.UID] = true
+		k.mu.Unlock()
+		switch p.Annotations[AnnotationOnPreemption] {
+		case "exit":
+			k.complete(ctx, p.UID)
+		case "checkpoint":
+			_ = os.WriteFile(filepath.Join(dir, preemption.CheckpointedFile), []byte(time.Now().UTC().Format(time.RFC3339Nano)), 0o644)
+		}
+	}
 }
 
 // stop stops the servers and the workers.
@@ -505,7 +552,12 @@ func (k *kubelet) admit(ctx context.Context, pod *v1.Pod) (dpv1beta1.DevicePlugi
 
 // release frees a pod's slots and stops its simulated processes.
 func (k *kubelet) release(uid types.UID) {
+	left := LeftoverNone
 	k.mu.Lock()
+	if p := k.running[uid]; p != nil {
+		left = Leftover(p.Annotations[AnnotationLeftover])
+	}
+	delete(k.reacted, uid)
 	delete(k.held, uid)
 	delete(k.running, uid)
 	delete(k.started, uid)
@@ -514,7 +566,7 @@ func (k *kubelet) release(uid types.UID) {
 		delete(k.stopAt, uid)
 	}
 	k.mu.Unlock()
-	k.load.stop(uid)
+	k.load.stop(uid, left)
 }
 
 // complete ends a run-for pod: its containers exited 0.

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -39,6 +40,8 @@ type load struct {
 	nextPID uint32
 	gpus    []gpuLoad
 	pids    map[types.UID][]uint32
+	// unkillable processes ignore kill (a process stuck in the driver).
+	unkillable map[uint32]bool
 }
 
 type gpuLoad struct {
@@ -59,7 +62,7 @@ func newLoad(srv *server.Server, procRoot string, firstPID uint32) (*load, error
 		return nil, err
 	}
 	l := &load{procRoot: procRoot, byUUID: map[string]int{}, nextPID: firstPID, pids: map[types.UID][]uint32{},
-		events: make(chan gonvml.EventData, 16)}
+		events: make(chan gonvml.EventData, 16), unkillable: map[uint32]bool{}}
 	srv.EventSetCreateFunc = func() (gonvml.EventSet, gonvml.Return) {
 		return &mock.EventSet{
 			WaitFunc: func(ms uint32) (gonvml.EventData, gonvml.Return) {
@@ -198,15 +201,61 @@ func (l *load) writeCgroup(pid uint32, pod types.UID, containerID string) error 
 	return os.WriteFile(filepath.Join(dir, "cgroup"), []byte(line), 0o644)
 }
 
-// stop ends a pod's processes.
-func (l *load) stop(uid types.UID) {
+// Leftover says what a pod's GPU processes do when its containers stop.
+type Leftover string
+
+// Leftovers a playground pod can ask for (annotation
+// playground.tessera.dev/leftover), to exercise preemption's reclaim.
+const (
+	// LeftoverNone: the processes end with their containers.
+	LeftoverNone Leftover = ""
+	// LeftoverProcess: they outlive the containers, holding their GPU
+	// memory, until killed.
+	LeftoverProcess Leftover = "process"
+	// LeftoverUnkillable: they outlive the containers and survive kill.
+	LeftoverUnkillable Leftover = "unkillable"
+)
+
+// stop ends a pod's processes, or leaves them behind as asked.
+func (l *load) stop(uid types.UID, left Leftover) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, pid := range l.pids[uid] {
-		for i := range l.gpus {
-			delete(l.gpus[i].procs, pid)
+		switch left {
+		case LeftoverProcess:
+			continue
+		case LeftoverUnkillable:
+			l.unkillable[pid] = true
+			continue
 		}
-		_ = os.RemoveAll(filepath.Join(l.procRoot, strconv.FormatUint(uint64(pid), 10)))
+		l.endLocked(pid)
 	}
 	delete(l.pids, uid)
+}
+
+func (l *load) endLocked(pid uint32) {
+	for i := range l.gpus {
+		delete(l.gpus[i].procs, pid)
+	}
+	_ = os.RemoveAll(filepath.Join(l.procRoot, strconv.FormatUint(uint64(pid), 10)))
+}
+
+// kill is the node's kill(pid, SIGKILL) for the agent's reclaim.
+func (l *load) kill(pid uint32) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.unkillable[pid] {
+		return nil // the signal is delivered; the process does not die
+	}
+	found := false
+	for i := range l.gpus {
+		if _, ok := l.gpus[i].procs[pid]; ok {
+			found = true
+		}
+	}
+	if !found {
+		return syscall.ESRCH
+	}
+	l.endLocked(pid)
+	return nil
 }

@@ -329,7 +329,8 @@ func (c *Cluster) startNode(ctx context.Context, opts Options, i int, mpsControl
 	}
 	nctx, cancel := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), klog.FromContext(ctx).WithValues("node", name)))
 	n.cancel = cancel
-	n.kubelet = newKubelet(name, filepath.Join(dir, "kubelet"), c.Client, n.load)
+	noticeRoot := filepath.Join(dir, "preemption")
+	n.kubelet = newKubelet(name, filepath.Join(dir, "kubelet"), noticeRoot, c.Client, n.load)
 	n.PodResourcesSocket, n.CDIDir, n.MPSRoot = n.kubelet.podResourcesSocket(), filepath.Join(dir, "cdi"), filepath.Join(dir, "mps")
 	if err := n.kubelet.start(nctx); err != nil {
 		cancel()
@@ -363,6 +364,7 @@ func (c *Cluster) startNode(ctx context.Context, opts Options, i int, mpsControl
 		MPS: n.MPS, MPSBinary: mpsControl, MPSRoot: n.MPSRoot,
 		Holder: deviceplugin.PodResourcesHolder{Client: podresourcesapi.NewPodResourcesListerClient(n.conn)},
 		Pods:   pods, CDIDir: n.CDIDir, ProcRoot: procRoot, NodePods: nodePods,
+		NoticeRoot: noticeRoot, Kill: n.load.kill,
 	})
 	if err != nil {
 		cancel()

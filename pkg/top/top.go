@@ -25,6 +25,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/inventory"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
+	"github.com/tessera-gpu/tessera/pkg/preemption"
 )
 
 // Tenant is one container's grant on one GPU.
@@ -34,7 +35,8 @@ type Tenant struct {
 	Mode                      gpu.SharingMode
 	MemoryMiB                 int64
 	CoresPercent              int
-	// State is the pod's phase, or Terminating.
+	// State is the pod's phase, Terminating, or Preempting (it holds a
+	// preemption notice).
 	State string
 	// Live usage, when an agent reported it.
 	Live          bool
@@ -124,8 +126,11 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 			continue
 		}
 		state := string(p.Status.Phase)
-		if p.DeletionTimestamp != nil {
+		switch {
+		case p.DeletionTimestamp != nil:
 			state = "Terminating"
+		case preemption.IsVictim(p):
+			state = "Preempting"
 		}
 		var prio int32
 		if p.Spec.Priority != nil {
