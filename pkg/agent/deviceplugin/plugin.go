@@ -78,9 +78,9 @@ type NoticeDir func(podUID string) string
 type Plugin struct {
 	pluginapi.UnimplementedDevicePluginServer
 
-	node    string
-	holder  Holder
-	pods    Pods
+	node      string
+	holder    Holder
+	pods      Pods
 	pipeDir   PipeDir
 	cdiDir    string
 	noticeDir NoticeDir
