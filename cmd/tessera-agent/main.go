@@ -70,6 +70,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		mpsRoot      = fs.String("mps-root", "/run/tessera/mps", "holds each MPS daemon's pipe and log directories")
 		mpsBinary    = fs.String("mps-control", mps.DefaultBinary, "the MPS control program")
 		allowNoGPU   = fs.Bool("allow-no-gpu", false, "run as an empty node when NVML cannot load, instead of exiting")
+		noticeRoot   = fs.String("preemption-dir", "/run/tessera/preemption", "holds each pod's preemption notice directory, mounted into its GPU containers (empty: no preemption notices)")
 	)
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
@@ -133,7 +134,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		Node: *node, Config: cfg, Client: client, NVML: newNVML(), AllowNoGPU: *allowNoGPU,
 		MPS: *useMPS, MPSBinary: *mpsBinary, MPSRoot: *mpsRoot,
 		Holder: deviceplugin.PodResourcesHolder{Client: podresourcesapi.NewPodResourcesListerClient(conn)},
-		Pods:   pods, CDIDir: *cdiDir, ProcRoot: *procRoot, NodePods: nodePods,
+		Pods:   pods, CDIDir: *cdiDir, ProcRoot: *procRoot, NodePods: nodePods, NoticeRoot: *noticeRoot,
 	})
 	switch {
 	case errors.Is(err, nvml.ErrNoDriver):

@@ -154,6 +154,10 @@ func (c *Controller) sync(ctx context.Context, key types.NamespacedName) (time.D
 	}
 	c.event(ctx, pod, v1.EventTypeWarning, "PreemptedHard",
 		fmt.Sprintf("Grace period ended at %s without a checkpoint; stopped for %s; scene recorded in %s/%s", n.Deadline.Format(time.RFC3339), n.Preemptor, RecordNamespace, rec))
+	if ns, name, ok := strings.Cut(n.Preemptor, "/"); ok {
+		c.event(ctx, &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(n.PreemptorUID)}}, v1.EventTypeNormal, "VictimStopped",
+			fmt.Sprintf("Victim %s/%s ignored its notice and was stopped at the end of its grace period; scene in %s/%s", pod.Namespace, pod.Name, RecordNamespace, rec))
+	}
 	logger.Info("Grace period over; stopping the victim", "record", rec)
 	return 0, c.stop(ctx, pod, n, LevelHard, now)
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/playground"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
+	"github.com/tessera-gpu/tessera/pkg/preemption"
 	"github.com/tessera-gpu/tessera/pkg/top"
 )
 
@@ -123,6 +124,14 @@ func held(t *testing.T, socket string) map[string][]string {
 // returns its environment.
 func specEnv(t *testing.T, cdiDir string, slots []string) map[string]string {
 	t.Helper()
+	env, _ := specEdits(t, cdiDir, slots)
+	return env
+}
+
+// specEdits reads the CDI spec the agent wrote for a container's slots and
+// returns its environment and its mounts (container path → host path).
+func specEdits(t *testing.T, cdiDir string, slots []string) (map[string]string, map[string]string) {
+	t.Helper()
 	b, err := os.ReadFile(deviceplugin.SpecPath(cdiDir, slots))
 	if err != nil {
 		t.Fatalf("CDI spec of %v: %v", slots, err)
@@ -131,7 +140,11 @@ func specEnv(t *testing.T, cdiDir string, slots []string) map[string]string {
 		Devices []struct {
 			Name           string `json:"name"`
 			ContainerEdits struct {
-				Env []string `json:"env"`
+				Env    []string `json:"env"`
+				Mounts []struct {
+					HostPath      string `json:"hostPath"`
+					ContainerPath string `json:"containerPath"`
+				} `json:"mounts"`
 			} `json:"containerEdits"`
 		} `json:"devices"`
 	}
@@ -141,12 +154,15 @@ func specEnv(t *testing.T, cdiDir string, slots []string) map[string]string {
 	if len(spec.Devices) != len(slots) {
 		t.Fatalf("CDI spec names %d devices for %d slots", len(spec.Devices), len(slots))
 	}
-	env := map[string]string{}
+	env, mounts := map[string]string{}, map[string]string{}
 	for _, kv := range spec.Devices[0].ContainerEdits.Env {
 		k, v, _ := strings.Cut(kv, "=")
 		env[k] = v
 	}
-	return env
+	for _, m := range spec.Devices[0].ContainerEdits.Mounts {
+		mounts[m.ContainerPath] = m.HostPath
+	}
+	return env, mounts
 }
 
 func scrape(t *testing.T, url string) string {
@@ -235,7 +251,11 @@ func TestPlayground(t *testing.T) {
 		if len(slots) != s.GPUs {
 			t.Fatalf("%s holds slots %v, want %d", s.Name, slots, s.GPUs)
 		}
-		env := specEnv(t, n.CDIDir, slots)
+		env, mounts := specEdits(t, n.CDIDir, slots)
+		// Every GPU container gets its pod's preemption notice directory.
+		if h := mounts[preemption.ContainerDir]; !strings.HasSuffix(h, string(p.UID)) {
+			t.Errorf("%s: preemption notice mount %q", s.Name, h)
+		}
 		var uuids []string
 		for _, g := range a.Containers[0].GPUs {
 			uuids = append(uuids, g.UUID)

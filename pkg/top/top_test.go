@@ -1,0 +1,90 @@
+package top
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/preemption"
+)
+
+func gpuPod(name, node string, a *gpu.PodAssignment, ann map[string]string) *v1.Pod {
+	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("uid-" + name), Annotations: map[string]string{}},
+		Spec: v1.PodSpec{NodeName: node, Containers: []v1.Container{{Name: "main", Resources: v1.ResourceRequirements{
+			Limits: v1.ResourceList{gpu.ResourceGPU: resource.MustParse("1")}}}}},
+		Status: v1.PodStatus{Phase: v1.PodRunning}}
+	if node == "" {
+		p.Status.Phase = v1.PodPending
+	}
+	if a != nil {
+		enc, _ := gpu.EncodeAssignment(a)
+		p.Annotations[gpu.AnnotationAssignment] = enc
+	}
+	for k, v := range ann {
+		p.Annotations[k] = v
+	}
+	return p
+}
+
+// TestCollectAndRender: each GPU with its mode, slices and grants, tenants
+// below it, victims shown Preempting, live usage merged from an agent's
+// metrics, pending pods counted.
+func TestCollectAndRender(t *testing.T) {
+	inv := &gpu.NodeInventory{Node: "node-2", GPUs: []gpu.Device{
+		{Index: 0, UUID: "GPU-a", Model: "NVIDIA H100 80GB HBM3", MemoryMiB: 81920, Healthy: true, Slices: 8, MPSCapable: true},
+		{Index: 1, UUID: "GPU-b", Model: "NVIDIA H100 80GB HBM3", MemoryMiB: 81920, Healthy: false, Slices: 8, MPSCapable: true},
+	}}
+	raw, _ := gpu.EncodeInventory(inv)
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-2", Annotations: map[string]string{gpu.AnnotationInventory: string(raw)}}}
+	mps := func(mem int64, cores int) *gpu.PodAssignment {
+		return &gpu.PodAssignment{Node: "node-2", Containers: []gpu.ContainerAssignment{{Name: "main", Mode: gpu.ModeMPS,
+			GPUs: []gpu.GPUGrant{{UUID: "GPU-a", Index: 0, MemoryMiB: mem, CoresPerMille: cores}}}}}
+	}
+	client := fake.NewClientset(node,
+		gpuPod("infer", "node-2", mps(8192, 200), nil),
+		gpuPod("batch", "node-2", mps(16384, 300), map[string]string{preemption.AnnotationNotice: `{"preemptor":"ns/x"}`}),
+		gpuPod("waiting", "", nil, nil))
+	snap, err := Collect(context.Background(), client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.GPUs) != 2 || snap.Pending != 1 || snap.GPUs[0].GrantedMiB() != 24576 || snap.GPUs[0].GrantedCores() != 50 || snap.GPUs[0].Mode() != "mps" {
+		t.Fatalf("snapshot %+v", snap)
+	}
+	agent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte(`# TYPE tessera_container_gpu_memory_used_bytes gauge
+tessera_container_gpu_memory_used_bytes{container="main",gpu="GPU-a",index="0",model="m",namespace="ns",node="node-2",pod="infer"} 4.294967296e+09
+# TYPE tessera_container_gpu_sm_utilization_ratio gauge
+tessera_container_gpu_sm_utilization_ratio{container="main",gpu="GPU-a",index="0",model="m",namespace="ns",node="node-2",pod="infer"} 0.17
+`))
+	}))
+	defer agent.Close()
+	if err := snap.AddUsage(context.Background(), agent.URL); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if err := Render(&out, snap); err != nil {
+		t.Fatal(err)
+	}
+	text := out.String()
+	for _, want := range []string{
+		"node-2  0    H100 80GB HBM3  mps", "2/8", "24576/81920", "50%",
+		"ns/infer/main", "4096", "17%",
+		"ns/batch/main", "Preempting",
+		"free (unhealthy)",
+		"1 GPU pod(s) waiting for a slice",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("table lacks %q:\n%s", want, text)
+		}
+	}
+}
