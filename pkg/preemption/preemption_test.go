@@ -82,7 +82,9 @@ func victim(name string, noticeAt time.Time, grace time.Duration, ann map[string
 	}
 }
 
-func key(p *v1.Pod) types.NamespacedName { return types.NamespacedName{Namespace: p.Namespace, Name: p.Name} }
+func key(p *v1.Pod) types.NamespacedName {
+	return types.NamespacedName{Namespace: p.Namespace, Name: p.Name}
+}
 
 // TestSyncWaitsThenStopsHard: before the deadline the controller waits; at
 // it, it records the scene, stops the victim and tells both pods.
