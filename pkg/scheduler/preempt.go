@@ -159,7 +159,9 @@ func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.P
 	now := time.Now()
 	var best *nodeChoice
 	for _, name := range p.cache.NodeNames() {
-		if st := statuses.Get(name); st != nil && st.Code() == fwk.UnschedulableAndUnresolvable {
+		// Only where the GPUs were what failed: evicting GPU pods does not
+		// fix a node that lacks CPU, is cordoned, or carries a taint.
+		if st := statuses.Get(name); st == nil || st.Code() != fwk.Unschedulable || st.Plugin() != Name {
 			continue
 		}
 		base := p.cache.Snapshot(name)

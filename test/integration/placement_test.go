@@ -252,6 +252,27 @@ func TestMalformedRequestsStayPending(t *testing.T) {
 	waitFor(t, 30*time.Second, "too-much-cpu to be reported", func() bool {
 		return strings.Contains(c.unschedulableMessage(ns, "too-much-cpu"), "Insufficient cpu")
 	})
+	// CPU taken by another pod: GPU preemption cannot give it back, so
+	// the GPU pod is nominated nowhere (a nomination would hold GPU slices
+	// for a pod that cannot run there).
+	hog := makePod(ns, podSpec{name: "cpu-hog"})
+	hog.Spec.Containers[0].Resources = v1.ResourceRequirements{Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse("250")}}
+	if _, err := c.client.CoreV1().Pods(ns).Create(c.ctx, hog, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitBound(ns, []string{"cpu-hog"}, 30*time.Second)
+	crowded := makePod(ns, podSpec{name: "crowded", gpus: 1, memMi: 8192, cores: 10})
+	crowded.Spec.Containers[0].Resources.Requests[v1.ResourceCPU] = resource.MustParse("10")
+	if _, err := c.client.CoreV1().Pods(ns).Create(c.ctx, crowded, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "crowded to be reported", func() bool {
+		return strings.Contains(c.unschedulableMessage(ns, "crowded"), "Insufficient cpu")
+	})
+	time.Sleep(500 * time.Millisecond)
+	if p, err := c.client.CoreV1().Pods(ns).Get(c.ctx, "crowded", metav1.GetOptions{}); err != nil || p.Status.NominatedNodeName != "" {
+		t.Errorf("crowded nominated to %q (%v)", p.Status.NominatedNodeName, err)
+	}
 	for name, tc := range cases {
 		waitFor(t, 30*time.Second, name+" to be reported", func() bool { return c.unschedulableMessage(ns, name) != "" })
 		msg := c.unschedulableMessage(ns, name)
