@@ -6,6 +6,7 @@
 package top
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -254,14 +255,29 @@ func labelMap(m *dto.Metric) map[string]string {
 // Render prints the snapshot: one line per GPU, and one per tenant below
 // it.
 func Render(w io.Writer, s *Snapshot) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	var buf bytes.Buffer
+	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tGPU\tMODEL\tMODE\tSLICES\tMEMORY MiB\tCORES\tPOD\tPRIO\tSTATE\tMiB\tCORES\tUSED MiB\tSM")
-	for _, g := range s.GPUs {
+	for i := 0; i < len(s.GPUs); i++ {
+		g := s.GPUs[i]
 		mode := g.Mode()
 		if !g.Healthy {
 			mode += " (unhealthy)"
 		}
-		head := fmt.Sprintf("%s\t%d\t%s\t%s\t%d/%d\t%d/%d\t%d%%", g.Node, g.Index, shortModel(g.Model), mode,
+		index := strconv.Itoa(g.Index)
+		if free(g) {
+			// A run of free GPUs of one node and model is one line.
+			j := i
+			for j+1 < len(s.GPUs) && free(s.GPUs[j+1]) && s.GPUs[j+1].Node == g.Node && s.GPUs[j+1].Model == g.Model &&
+				s.GPUs[j+1].Slices == g.Slices && s.GPUs[j+1].Index == s.GPUs[j].Index+1 {
+				j++
+			}
+			if j > i {
+				index = fmt.Sprintf("%d-%d", g.Index, s.GPUs[j].Index)
+				i = j
+			}
+		}
+		head := fmt.Sprintf("%s\t%s\t%s\t%s\t%d/%d\t%d/%d\t%d%%", g.Node, index, shortModel(g.Model), mode,
 			len(g.Tenants), g.Slices, g.GrantedMiB(), g.MemoryMiB, g.GrantedCores())
 		if len(g.Tenants) == 0 {
 			fmt.Fprintln(tw, head+"\t-\t\t\t\t\t\t")
@@ -285,12 +301,21 @@ func Render(w io.Writer, s *Snapshot) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	// Lines of free GPUs end in padding for the tenant columns.
+	for _, line := range strings.SplitAfter(buf.String(), "\n") {
+		if _, err := io.WriteString(w, strings.TrimRight(line, " \n")+strings.Repeat("\n", strings.Count(line, "\n"))); err != nil {
+			return err
+		}
+	}
 	if s.Pending > 0 {
 		_, err := fmt.Fprintf(w, "%d GPU pod(s) waiting for a slice\n", s.Pending)
 		return err
 	}
 	return nil
 }
+
+// free is a healthy GPU without tenants.
+func free(g GPU) bool { return g.Healthy && len(g.Tenants) == 0 }
 
 // shortModel drops the vendor prefix: "NVIDIA H100 80GB HBM3" → "H100 80GB HBM3".
 func shortModel(m string) string { return strings.TrimPrefix(m, "NVIDIA ") }
