@@ -44,14 +44,16 @@ func (a *Agent) preemptionPass(ctx context.Context, now time.Time) {
 		return
 	}
 	logger := klog.FromContext(ctx)
-	present := map[types.UID]bool{}
+	running := map[types.UID]bool{}   // pods whose containers may still run
+	withdrawn := map[types.UID]bool{} // running, and no longer under notice
 	for _, p := range a.opts.NodePods() {
+		if !podgpu.Finished(p) {
+			running[p.UID] = true
+		}
 		n, err := preemption.NoticeOf(p)
 		if err != nil || n == nil {
+			withdrawn[p.UID] = true
 			continue
-		}
-		if !podgpu.Finished(p) {
-			present[p.UID] = true
 		}
 		a.trackVictim(ctx, p, n)
 		if _, done := p.Annotations[preemption.AnnotationCheckpointed]; !done {
@@ -68,7 +70,17 @@ func (a *Agent) preemptionPass(ctx context.Context, now time.Time) {
 	a.preemptMu.Lock()
 	var gone []types.UID
 	for uid, v := range a.victims {
-		if !present[uid] && !v.reclaiming {
+		switch {
+		case v.reclaiming:
+		case running[uid] && withdrawn[uid]:
+			// The scheduler spared it (its preemptor went elsewhere):
+			// take the notice back from its containers.
+			delete(a.victims, uid)
+			for _, f := range []string{preemption.NoticeFile, preemption.CheckpointedFile} {
+				_ = os.Remove(filepath.Join(a.NoticeDir(string(uid)), f))
+			}
+			logger.Info("Preemption notice withdrawn", "pod", klog.KRef(v.namespace, v.name))
+		case !running[uid]:
 			v.reclaiming = true
 			gone = append(gone, uid)
 		}

@@ -175,8 +175,8 @@ func (k *kubelet) start(ctx context.Context) error {
 func (k *kubelet) watchNotices(ctx context.Context) {
 	k.mu.Lock()
 	var todo []*v1.Pod
-	for uid, p := range k.running {
-		if !k.reacted[uid] && p.Annotations[AnnotationOnPreemption] != "" && p.Annotations[AnnotationOnPreemption] != "ignore" {
+	for _, p := range k.running {
+		if p.Annotations[AnnotationOnPreemption] != "" && p.Annotations[AnnotationOnPreemption] != "ignore" {
 			todo = append(todo, p)
 		}
 	}
@@ -184,6 +184,16 @@ func (k *kubelet) watchNotices(ctx context.Context) {
 	for _, p := range todo {
 		dir := filepath.Join(k.noticeRoot, string(p.UID))
 		if _, err := os.Stat(filepath.Join(dir, preemption.NoticeFile)); err != nil {
+			// No notice, or a withdrawn one: a later notice is news.
+			k.mu.Lock()
+			delete(k.reacted, p.UID)
+			k.mu.Unlock()
+			continue
+		}
+		k.mu.Lock()
+		done := k.reacted[p.UID]
+		k.mu.Unlock()
+		if done {
 			continue
 		}
 		k.mu.Lock()

@@ -35,6 +35,8 @@ type Controller struct {
 	cfg    config.PreemptionConfig
 	queue  workqueue.TypedRateLimitingInterface[types.NamespacedName]
 	now    func() time.Time
+	// byPreemptor indexes victims by their preemptor's UID.
+	byPreemptor cache.Indexer
 
 	// ended remembers how each victim's preemption ended once the
 	// controller ended it, so the deletion that follows is not counted
@@ -46,6 +48,9 @@ type Controller struct {
 const (
 	LevelSoft = "soft" // the victim exited or reported its checkpoint
 	LevelHard = "hard" // the grace period ran out
+	// LevelCancelled: the preemptor was placed elsewhere or went away
+	// before the victim was stopped; the victim was spared.
+	LevelCancelled = "cancelled"
 )
 
 // NewController watches informer's pods (the scheduler's).
@@ -55,17 +60,49 @@ func NewController(client kubernetes.Interface, informer cache.SharedIndexInform
 		client: client, pods: corelisters.NewPodLister(informer.GetIndexer()), cfg: cfg, now: time.Now,
 		queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[types.NamespacedName]()),
 	}
+	// Victims by their preemptor's UID: a preemptor that is placed, or
+	// goes away, spares its victims not yet stopped.
+	if err := informer.AddIndexers(cache.Indexers{preemptorIndex: func(obj any) ([]string, error) {
+		if p, ok := obj.(*v1.Pod); ok {
+			if n, _ := NoticeOf(p); n != nil {
+				return []string{n.PreemptorUID}, nil
+			}
+		}
+		return nil, nil
+	}}); err != nil {
+		return nil, err
+	}
+	c.byPreemptor = informer.GetIndexer()
 	_, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueue,
 		UpdateFunc: func(_, o any) { c.enqueue(o) },
-		DeleteFunc: c.deleted,
+		DeleteFunc: func(o any) { c.deleted(o); c.enqueue(o) },
 	})
 	return c, err
 }
 
+const preemptorIndex = "tessera.dev/preemptor"
+
+// enqueue queues a victim, and the victims of a pod that preempted.
 func (c *Controller) enqueue(obj any) {
-	if p, ok := obj.(*v1.Pod); ok && IsVictim(p) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	p, ok := obj.(*v1.Pod)
+	if !ok {
+		return
+	}
+	if IsVictim(p) {
 		c.queue.Add(types.NamespacedName{Namespace: p.Namespace, Name: p.Name})
+	}
+	if c.byPreemptor == nil {
+		return
+	}
+	victims, _ := c.byPreemptor.ByIndex(preemptorIndex, string(p.UID))
+	for _, o := range victims {
+		if v, ok := o.(*v1.Pod); ok {
+			c.queue.Add(types.NamespacedName{Namespace: v.Namespace, Name: v.Name})
+		}
 	}
 }
 
@@ -137,6 +174,12 @@ func (c *Controller) sync(ctx context.Context, key types.NamespacedName) (time.D
 	}
 	logger := klog.FromContext(ctx).WithValues("victim", klog.KObj(pod), "preemptor", n.Preemptor)
 	now := c.now()
+	if why := c.needless(n); why != "" && !podFinished(pod) {
+		// Nothing is lost by sparing it: a placed preemptor fits without
+		// this victim (its slices were still booked when it was placed).
+		logger.Info("Preemption no longer needed; sparing the victim", "why", why)
+		return 0, c.cancel(ctx, pod, why)
+	}
 	if at, ok := pod.Annotations[AnnotationCheckpointed]; ok {
 		// Its checkpoint is saved: nothing is lost by stopping it now.
 		logger.Info("Victim reported its checkpoint; stopping it", "checkpointedAt", at)
@@ -160,6 +203,47 @@ func (c *Controller) sync(ctx context.Context, key types.NamespacedName) (time.D
 	}
 	logger.Info("Grace period over; stopping the victim", "record", rec)
 	return 0, c.stop(ctx, pod, n, LevelHard, now)
+}
+
+// needless says why a notice no longer serves its preemptor ("" while it
+// does): the preemptor was placed, or is gone.
+func (c *Controller) needless(n *Notice) string {
+	ns, name, _ := strings.Cut(n.Preemptor, "/")
+	pre, err := c.pods.Pods(ns).Get(name)
+	switch {
+	case apierrors.IsNotFound(err), err == nil && string(pre.UID) != n.PreemptorUID:
+		return "preemptor " + n.Preemptor + " is gone"
+	case err != nil:
+		return ""
+	case pre.Spec.NodeName != "":
+		return "preemptor " + n.Preemptor + " was placed on " + pre.Spec.NodeName
+	}
+	return ""
+}
+
+func podFinished(p *v1.Pod) bool {
+	return p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed
+}
+
+// cancel withdraws a victim's notice: the annotation goes (the agent then
+// removes the notice file), the DisruptionTarget condition turns False, and
+// an event says why.
+func (c *Controller) cancel(ctx context.Context, pod *v1.Pod, why string) error {
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:null,%q:null}}}`, AnnotationNotice, AnnotationCheckpointed)
+	if _, err := c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return err
+	}
+	cond := fmt.Sprintf(`{"status":{"conditions":[{"type":%q,"status":"False","reason":"PreemptionCancelled","message":%q,"lastTransitionTime":%q}]}}`,
+		v1.DisruptionTarget, why, c.now().UTC().Format(time.RFC3339))
+	if _, err := c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, []byte(cond), metav1.PatchOptions{}, "status"); err != nil {
+		klog.FromContext(ctx).V(2).Info("Could not clear the DisruptionTarget condition", "pod", klog.KObj(pod), "err", err)
+	}
+	levels.WithLabelValues(LevelCancelled).Inc()
+	c.event(ctx, pod, v1.EventTypeNormal, "PreemptionCancelled", "Preemption withdrawn: "+why)
+	return nil
 }
 
 // stop deletes the victim at once (its grace was the notice's).
@@ -328,7 +412,7 @@ func (c *Controller) event(ctx context.Context, pod *v1.Pod, kind, reason, msg s
 var (
 	levels = metrics.NewCounterVec(&metrics.CounterOpts{
 		Subsystem: "tessera_scheduler", Name: "preemption_levels_total",
-		Help:           "Preemption victims by the level their preemption ended at: soft (exited or checkpointed within the grace period), hard (stopped at its end).",
+		Help:           "Preemption victims by the level their preemption ended at: soft (exited or checkpointed within the grace period), hard (stopped at its end), cancelled (spared: the preemptor was placed or went away first).",
 		StabilityLevel: metrics.ALPHA,
 	}, []string{"level"})
 	levelSeconds = metrics.NewHistogramVec(&metrics.HistogramOpts{

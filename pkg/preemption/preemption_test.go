@@ -86,12 +86,43 @@ func key(p *v1.Pod) types.NamespacedName {
 	return types.NamespacedName{Namespace: p.Namespace, Name: p.Name}
 }
 
+// preemptor is the pending pod the victims' notices name.
+func preemptor(node string) *v1.Pod {
+	return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "urgent", Namespace: "prod", UID: "pre-uid"}, Spec: v1.PodSpec{NodeName: node}}
+}
+
+// TestNeedlessNoticeIsWithdrawn: a victim whose preemptor was placed
+// elsewhere, or went away, is spared before its deadline.
+func TestNeedlessNoticeIsWithdrawn(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 8, 0, 0, 0, time.UTC)
+	for name, pre := range map[string]*v1.Pod{"placed": preemptor("n2"), "gone": nil} {
+		t.Run(name, func(t *testing.T) {
+			v := victim("lucky", t0, 30*time.Second, nil)
+			pods := []*v1.Pod{v}
+			if pre != nil {
+				pods = append(pods, pre)
+			}
+			c, client := controller(t, t0.Add(5*time.Second), pods...)
+			if _, err := c.sync(context.Background(), key(v)); err != nil {
+				t.Fatal(err)
+			}
+			got, err := client.CoreV1().Pods("lab").Get(context.Background(), "lucky", metav1.GetOptions{})
+			if err != nil {
+				t.Fatalf("victim stopped: %v", err)
+			}
+			if IsVictim(got) {
+				t.Error("notice not withdrawn")
+			}
+		})
+	}
+}
+
 // TestSyncWaitsThenStopsHard: before the deadline the controller waits; at
 // it, it records the scene, stops the victim and tells both pods.
 func TestSyncWaitsThenStopsHard(t *testing.T) {
 	t0 := time.Date(2026, 12, 3, 8, 0, 0, 0, time.UTC)
 	v := victim("stubborn", t0, 30*time.Second, nil)
-	c, client := controller(t, t0.Add(10*time.Second), v)
+	c, client := controller(t, t0.Add(10*time.Second), v, preemptor(""))
 	after, err := c.sync(context.Background(), key(v))
 	if err != nil || after != 20*time.Second {
 		t.Fatalf("before the deadline: look again after %v (%v), want 20s", after, err)
@@ -130,7 +161,7 @@ func TestSyncWaitsThenStopsHard(t *testing.T) {
 func TestSyncCheckpointEndsTheWait(t *testing.T) {
 	t0 := time.Date(2026, 12, 3, 8, 0, 0, 0, time.UTC)
 	v := victim("saver", t0, 30*time.Second, map[string]string{AnnotationCheckpointed: t0.Add(time.Second).Format(time.RFC3339)})
-	c, client := controller(t, t0.Add(2*time.Second), v)
+	c, client := controller(t, t0.Add(2*time.Second), v, preemptor(""))
 	if _, err := c.sync(context.Background(), key(v)); err != nil {
 		t.Fatal(err)
 	}

@@ -170,32 +170,44 @@ func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.P
 		}
 		var cands []candidate
 		blocked := false
+		// Pods nominated here with at least our priority are promised
+		// their slices: their victims are as good as gone, and they count
+		// as placed.
+		promised := map[types.UID]*v1.Pod{}
+		var promisedOrder []*v1.Pod
+		for _, q := range byNode[name] {
+			if q.Spec.NodeName == "" && corev1helpers.PodPriority(q) >= prio {
+				promised[q.UID] = q
+				promisedOrder = append(promisedOrder, q)
+			}
+		}
+		// Highest priority first, then oldest: the order the scheduling
+		// queue serves them.
+		sort.SliceStable(promisedOrder, func(i, j int) bool {
+			pi, pj := corev1helpers.PodPriority(promisedOrder[i]), corev1helpers.PodPriority(promisedOrder[j])
+			if pi != pj {
+				return pi > pj
+			}
+			return promisedOrder[i].CreationTimestamp.Before(&promisedOrder[j].CreationTimestamp)
+		})
 		for _, q := range byNode[name] {
 			if q.Spec.NodeName == "" {
-				// Nominated here with at least our priority: its slices
-				// are promised; count them as taken.
-				if corev1helpers.PodPriority(q) >= prio {
-					if r, err := p.compile(q); err == nil {
-						var pl allocator.Placement
-						if s.alloc.Place(base, r, &pl).OK() {
-							base.Apply(r, &pl)
-						} else {
-							blocked = true
-						}
-					}
-				}
 				continue
 			}
 			a := p.cache.Assignment(q.UID)
 			if a == nil || podgpu.Finished(q) {
 				continue
 			}
-			if n, _ := preemption.NoticeOf(q); n != nil && n.PreemptorUID == string(pod.UID) {
-				// Already our victim (an earlier cycle): going away.
-				base.RemoveAssignment(a, 0, 0)
+			if n, _ := preemption.NoticeOf(q); n != nil {
+				// Already a victim: of ours (an earlier cycle) or of a
+				// promised preemptor, it is going away; of a lower
+				// preemptor, it stays as it is.
+				if _, ok := promised[types.UID(n.PreemptorUID)]; ok || n.PreemptorUID == string(pod.UID) {
+					base.RemoveAssignment(a, 0, 0)
+				}
 				continue
 			}
-			if corev1helpers.PodPriority(q) >= prio || q.DeletionTimestamp != nil || preemption.IsVictim(q) {
+			if corev1helpers.PodPriority(q) >= prio || q.DeletionTimestamp != nil {
 				continue
 			}
 			if !disruptionAllowed(q, pdbs) {
@@ -207,6 +219,18 @@ func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.P
 			}
 			cands = append(cands, candidate{pod: q, assignment: a, priority: corev1helpers.PodPriority(q),
 				gpuSeconds: gpuShare(a) * now.Sub(started).Seconds()})
+		}
+		for _, q := range promisedOrder {
+			r, err := p.compile(q)
+			if err != nil {
+				continue
+			}
+			var pl allocator.Placement
+			if !s.alloc.Place(base, r, &pl).OK() {
+				blocked = true // its victims are not enough yet; do not compete
+				break
+			}
+			base.Apply(r, &pl)
 		}
 		if blocked {
 			continue

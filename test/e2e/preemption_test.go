@@ -453,3 +453,46 @@ func TestTwoPreemptorsRaceForOneGPU(t *testing.T) {
 		t.Error("the winner was made a victim of the loser (equal priority)")
 	}
 }
+
+// TestNeedlessPreemptionIsWithdrawn: a preemptor placed before its victim is
+// stopped (another GPU freed up meanwhile) spares the victim: the notice is
+// withdrawn from the pod and from its containers, and it keeps running.
+func TestNeedlessPreemptionIsWithdrawn(t *testing.T) {
+	c, _ := up(t, playground.Options{Nodes: 1, GPUsPerNode: 2, Model: "h100"})
+	const ns = "spare"
+	v := create(t, c.Client, wholeGPU(ns, "victim", "gpu-batch", nil))
+	// Not a candidate (same priority as the preemptor); done in 3 s.
+	create(t, c.Client, wholeGPU(ns, "short", "gpu-critical", map[string]string{playground.AnnotationRunFor: "3s"}))
+	waitRunning(t, c.Client, ns, []string{"victim", "short"}, 30*time.Second)
+	start := time.Now()
+	create(t, c.Client, wholeGPU(ns, "urgent", "gpu-critical", nil))
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return preemption.IsVictim(get(t, c.Client, ns, "victim")), nil
+	})
+	if err != nil {
+		t.Fatal("victim never notified")
+	}
+	notice := filepath.Join(filepath.Dir(c.Nodes[0].CDIDir), "preemption", string(v.UID), preemption.NoticeFile)
+	took := runningAfter(t, c.Client, ns, "urgent", start, 20*time.Second)
+	t.Logf("preemptor Running %v after creation, on the GPU the short job left", took.Round(time.Millisecond))
+	err = wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		p := get(t, c.Client, ns, "victim")
+		_, statErr := os.Stat(notice)
+		return p != nil && !preemption.IsVictim(p) && os.IsNotExist(statErr), nil
+	})
+	if err != nil {
+		t.Fatal("notice not withdrawn from the pod and its containers")
+	}
+	stillRunning := get(t, c.Client, ns, "victim")
+	if stillRunning.Status.Phase != v1.PodRunning {
+		t.Errorf("spared victim is %s", stillRunning.Status.Phase)
+	}
+	if ev := events(t, c.Client, ns, "victim"); !hasAll(ev, "PreemptionNotice", "PreemptionCancelled") {
+		t.Errorf("victim events %v", ev)
+	}
+	// It stays spared past its grace period's end would have been.
+	time.Sleep(time.Second)
+	if get(t, c.Client, ns, "victim") == nil {
+		t.Error("spared victim deleted")
+	}
+}
