@@ -24,7 +24,7 @@ func runTop(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	var (
 		kubeconfig = fs.String("kubeconfig", "", "kubeconfig (default $KUBECONFIG, then ~/.kube/config)")
-		metrics    = fs.String("metrics", "", "comma-separated agent metrics URLs (http://node:9400/metrics) for live usage per tenant")
+		metrics    = fs.String("metrics", "", "comma-separated agent metrics URLs (http://node:9400/metrics) for live usage per tenant (default: the tessera-agent pods in tessera-system, through the API server's proxy)")
 		watch      = fs.Duration("watch", 0, "print again at this interval until Ctrl-C")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -52,12 +52,18 @@ func runTop(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "tessera top: %v\n", err)
 			return exitError
 		}
+		if *metrics == "" {
+			// The agents' pods, through the API server's proxy.
+			if _, err := snap.AddUsageFromAgents(ctx, client); err != nil {
+				// Usage is extra: the table stands without it.
+				fmt.Fprintf(stderr, "tessera top: live usage incomplete: %v\n", err)
+			}
+		}
 		for _, m := range strings.Split(*metrics, ",") {
 			if m = strings.TrimSpace(m); m == "" {
 				continue
 			}
 			if err := snap.AddUsage(ctx, m); err != nil {
-				// Usage is extra: the table stands without it.
 				fmt.Fprintf(stderr, "tessera top: no live usage from %v\n", err)
 			}
 		}

@@ -8,6 +8,7 @@ package top
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -213,10 +214,52 @@ func (s *Snapshot) AddUsage(ctx context.Context, url string) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("%s: %s", url, resp.Status)
 	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
+	if err := s.addUsageFrom(resp.Body); err != nil {
 		return fmt.Errorf("%s: %w", url, err)
+	}
+	return nil
+}
+
+// AgentSelector finds the agents' pods (deploy/tessera-agent.yaml).
+const (
+	AgentNamespace = "tessera-system"
+	AgentSelector  = "app.kubernetes.io/name=tessera-agent"
+	AgentPort      = "9400"
+)
+
+// AddUsageFromAgents reads every running agent's metrics through the API
+// server's pod proxy, so a kubeconfig is all it needs. It returns how many
+// agents answered.
+func (s *Snapshot) AddUsageFromAgents(ctx context.Context, client kubernetes.Interface) (int, error) {
+	pods, err := client.CoreV1().Pods(AgentNamespace).List(ctx, metav1.ListOptions{LabelSelector: AgentSelector})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	var errs []error
+	for _, p := range pods.Items {
+		if p.Status.Phase != "Running" {
+			continue
+		}
+		body, err := client.CoreV1().Pods(p.Namespace).ProxyGet("http", p.Name, AgentPort, "metrics", nil).DoRaw(ctx)
+		if err == nil {
+			err = s.addUsageFrom(bytes.NewReader(body))
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("agent %s: %w", p.Name, err))
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+// addUsageFrom merges one agent's metrics (Prometheus text format).
+func (s *Snapshot) addUsageFrom(r io.Reader) error {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(r)
+	if err != nil {
+		return err
 	}
 	type key struct{ uuid, ns, pod, container string }
 	mem, sm := map[key]float64{}, map[key]float64{}

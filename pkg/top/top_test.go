@@ -2,6 +2,7 @@ package top
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,10 +13,58 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	restclient "k8s.io/client-go/rest"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/preemption"
 )
+
+const agentMetrics = `# TYPE tessera_container_gpu_memory_used_bytes gauge
+tessera_container_gpu_memory_used_bytes{container="main",gpu="GPU-a",index="0",model="m",namespace="ns",node="node-2",pod="infer"} 4.294967296e+09
+# TYPE tessera_container_gpu_sm_utilization_ratio gauge
+tessera_container_gpu_sm_utilization_ratio{container="main",gpu="GPU-a",index="0",model="m",namespace="ns",node="node-2",pod="infer"} 0.17
+`
+
+// proxied answers the API server's pod proxy with an agent's metrics.
+type proxied string
+
+func (p proxied) DoRaw(context.Context) ([]byte, error) { return []byte(p), nil }
+func (p proxied) Stream(context.Context) (io.ReadCloser, error) {
+	return io.NopCloser(strings.NewReader(string(p))), nil
+}
+
+// TestUsageFromAgentPods: without URLs, usage comes from the running agent
+// pods through the API server's proxy.
+func TestUsageFromAgentPods(t *testing.T) {
+	inv := &gpu.NodeInventory{Node: "node-2", GPUs: []gpu.Device{{Index: 0, UUID: "GPU-a", Model: "H100", MemoryMiB: 81920, Healthy: true, Slices: 8}}}
+	raw, _ := gpu.EncodeInventory(inv)
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-2", Annotations: map[string]string{gpu.AnnotationInventory: string(raw)}}}
+	a := &gpu.PodAssignment{Node: "node-2", Containers: []gpu.ContainerAssignment{{Name: "main", Mode: gpu.ModeMPS,
+		GPUs: []gpu.GPUGrant{{UUID: "GPU-a", MemoryMiB: 8192, CoresPerMille: 200}}}}}
+	agentPod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "tessera-agent-x", Namespace: AgentNamespace, Labels: map[string]string{"app.kubernetes.io/name": "tessera-agent"}},
+		Status: v1.PodStatus{Phase: v1.PodRunning}}
+	client := fake.NewClientset(node, gpuPod("infer", "node-2", a, nil), agentPod)
+	var asked string
+	client.PrependProxyReactor("pods", func(action k8stesting.Action) (bool, restclient.ResponseWrapper, error) {
+		pa := action.(k8stesting.ProxyGetAction)
+		asked = pa.GetName() + ":" + pa.GetPort() + "/" + pa.GetPath()
+		return true, proxied(agentMetrics), nil
+	})
+	snap, err := Collect(context.Background(), client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := snap.AddUsageFromAgents(context.Background(), client); err != nil || n != 1 {
+		t.Fatalf("%d agents, %v", n, err)
+	}
+	if asked != "tessera-agent-x:9400/metrics" {
+		t.Errorf("proxied %q", asked)
+	}
+	if tn := snap.GPUs[0].Tenants[0]; !tn.Live || tn.UsedMiB != 4096 {
+		t.Errorf("tenant %+v", tn)
+	}
+}
 
 func gpuPod(name, node string, a *gpu.PodAssignment, ann map[string]string) *v1.Pod {
 	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID("uid-" + name), Annotations: map[string]string{}},
@@ -61,11 +110,7 @@ func TestCollectAndRender(t *testing.T) {
 		t.Fatalf("snapshot %+v", snap)
 	}
 	agent := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = w.Write([]byte(`# TYPE tessera_container_gpu_memory_used_bytes gauge
-tessera_container_gpu_memory_used_bytes{container="main",gpu="GPU-a",index="0",model="m",namespace="ns",node="node-2",pod="infer"} 4.294967296e+09
-# TYPE tessera_container_gpu_sm_utilization_ratio gauge
-tessera_container_gpu_sm_utilization_ratio{container="main",gpu="GPU-a",index="0",model="m",namespace="ns",node="node-2",pod="infer"} 0.17
-`))
+		_, _ = w.Write([]byte(agentMetrics))
 	}))
 	defer agent.Close()
 	if err := snap.AddUsage(context.Background(), agent.URL); err != nil {
