@@ -19,11 +19,6 @@ import (
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	v1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -105,24 +100,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		return exitError
 	}
 
-	// This node's pods: their assignments (device plugin) and container IDs
-	// (per-tenant metrics).
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", *node).String()
-	}))
-	podInformer := factory.Core().V1().Pods()
-	lister := podInformer.Lister()
-	pods := func(ns, name string) *v1.Pod {
-		p, err := lister.Pods(ns).Get(name)
-		if err != nil {
-			return nil
-		}
-		return p
-	}
-	nodePods := func() []*v1.Pod {
-		ps, _ := lister.List(labels.Everything())
-		return ps
-	}
+	// This node's pods: their assignments (device plugin), container IDs
+	// (per-tenant metrics) and preemption notices.
+	nodePods := agent.WatchNodePods(client, *node)
 	conn, err := grpc.NewClient("unix://"+*podResources, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		fmt.Fprintf(stderr, "tessera-agent: pod-resources: %v\n", err)
@@ -134,7 +114,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		Node: *node, Config: cfg, Client: client, NVML: newNVML(), AllowNoGPU: *allowNoGPU,
 		MPS: *useMPS, MPSBinary: *mpsBinary, MPSRoot: *mpsRoot,
 		Holder: deviceplugin.PodResourcesHolder{Client: podresourcesapi.NewPodResourcesListerClient(conn)},
-		Pods:   pods, CDIDir: *cdiDir, ProcRoot: *procRoot, NodePods: nodePods, NoticeRoot: *noticeRoot,
+		Pods:   nodePods.Get, CDIDir: *cdiDir, ProcRoot: *procRoot, NodePods: nodePods.List, NoticeRoot: *noticeRoot,
 	})
 	switch {
 	case errors.Is(err, nvml.ErrNoDriver):
@@ -144,8 +124,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "tessera-agent: %v\n", err)
 		return exitError
 	}
-	factory.Start(ctx.Done())
-	factory.WaitForCacheSync(ctx.Done())
+	nodePods.Factory.Start(ctx.Done())
+	nodePods.Factory.WaitForCacheSync(ctx.Done())
 	if err := a.Run(klog.NewContext(ctx, klog.Background()), *pluginDir, *metricsAddr); err != nil {
 		fmt.Fprintf(stderr, "tessera-agent: %v\n", err)
 		return exitError

@@ -34,11 +34,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -339,21 +336,7 @@ func (c *Cluster) startNode(ctx context.Context, opts Options, i int, mpsControl
 
 	// What cmd/tessera-agent builds on a node: the node's pods from an
 	// informer, the holder of slots from kubelet's pod-resources socket.
-	factory := informers.NewSharedInformerFactoryWithOptions(c.Client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", name).String()
-	}))
-	lister := factory.Core().V1().Pods().Lister()
-	pods := func(ns, name string) *v1.Pod {
-		p, err := lister.Pods(ns).Get(name)
-		if err != nil {
-			return nil
-		}
-		return p
-	}
-	nodePods := func() []*v1.Pod {
-		ps, _ := lister.List(labels.Everything())
-		return ps
-	}
+	nodePods := agent.WatchNodePods(c.Client, name)
 	if n.conn, err = grpc.NewClient("unix://"+n.kubelet.podResourcesSocket(), grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
 		cancel()
 		return nil, err
@@ -363,15 +346,15 @@ func (c *Cluster) startNode(ctx context.Context, opts Options, i int, mpsControl
 		Node: name, Config: cfg, Client: c.Client, NVML: srv,
 		MPS: n.MPS, MPSBinary: mpsControl, MPSRoot: n.MPSRoot,
 		Holder: deviceplugin.PodResourcesHolder{Client: podresourcesapi.NewPodResourcesListerClient(n.conn)},
-		Pods:   pods, CDIDir: n.CDIDir, ProcRoot: procRoot, NodePods: nodePods,
+		Pods:   nodePods.Get, CDIDir: n.CDIDir, ProcRoot: procRoot, NodePods: nodePods.List,
 		NoticeRoot: noticeRoot, Kill: n.load.kill,
 	})
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("node %s: agent: %w", name, err)
 	}
-	factory.Start(nctx.Done())
-	factory.WaitForCacheSync(nctx.Done())
+	nodePods.Factory.Start(nctx.Done())
+	nodePods.Factory.WaitForCacheSync(nctx.Done())
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		cancel()
