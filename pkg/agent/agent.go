@@ -168,6 +168,9 @@ func New(opts Options) (*Agent, error) {
 			kill = func(pid uint32) error { return syscall.Kill(int(pid), syscall.SIGKILL) }
 		}
 		a.reclaimer = &reclaim.Reclaimer{GPUs: a.gpus, ProcRoot: opts.ProcRoot, Kill: kill, Wait: 5 * time.Second, Poll: 100 * time.Millisecond}
+		if a.MPS != nil {
+			a.reclaimer.Terminate = a.MPS.TerminateClient
+		}
 	}
 	a.reg.MustRegister(mpsRestarts, sliceChanges, reclaims, reclaimKilled, reclaimDuration)
 	return a, nil

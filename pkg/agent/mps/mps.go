@@ -186,6 +186,22 @@ func (m *Manager) Run(ctx context.Context, every time.Duration) {
 	wait.UntilWithContext(ctx, m.Check, every)
 }
 
+// TerminateClient asks a GPU's daemon to end one client process in every
+// server it runs (terminate_client): MPS's own cleanup of the client's
+// state, which preemption's reclaim asks for before it kills a leftover.
+func (m *Manager) TerminateClient(ctx context.Context, uuid string, pid uint32) error {
+	out, err := m.control(ctx, uuid, "get_server_list")
+	if err != nil {
+		return fmt.Errorf("GPU %s: get_server_list: %w: %s", uuid, err, out)
+	}
+	for _, server := range strings.Fields(out) {
+		if out, err := m.control(ctx, uuid, fmt.Sprintf("terminate_client %s %d", server, pid)); err != nil {
+			return fmt.Errorf("GPU %s: terminate_client %s %d: %w: %s", uuid, server, pid, err, out)
+		}
+	}
+	return nil
+}
+
 // Stop tells every daemon to quit.
 func (m *Manager) Stop(ctx context.Context) error {
 	var errs []error

@@ -2,6 +2,7 @@ package mps
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -89,6 +90,14 @@ func TestDaemonsPerGPUWithDefaultsAndRestart(t *testing.T) {
 	}
 	if out, err := m.control(ctx, "GPU-b", "get_default_active_thread_percentage"); err != nil || out != "25" {
 		t.Fatalf("GPU-b default threads = %q, %v", out, err)
+	}
+
+	// Reclaim's request to end a leftover client reaches the GPU's server.
+	if err := m.TerminateClient(ctx, "GPU-b", 4242); err != nil {
+		t.Fatal(err)
+	}
+	if got := controlLog(t, m, "GPU-b"); got[len(got)-1] != fmt.Sprintf("terminate_client %d 4242", daemonPID(t, m, "GPU-b")) {
+		t.Fatalf("GPU-b's daemon was told %q", got)
 	}
 
 	// A healthy check changes nothing.

@@ -31,6 +31,11 @@ type Reclaimer struct {
 	ProcRoot string
 	// Kill ends a process (SIGKILL on a node).
 	Kill func(pid uint32) error
+	// Terminate, when set, first asks the GPU's MPS daemon to end the
+	// client (terminate_client), so the MPS server drops its state for it;
+	// an error (the GPU runs no MPS, the process is no client) is ignored:
+	// Kill follows anyway.
+	Terminate func(ctx context.Context, uuid string, pid uint32) error
 	// Wait bounds how long a killed process may take to let go of its
 	// GPU; Poll is how often it is checked.
 	Wait, Poll time.Duration
@@ -58,6 +63,9 @@ func (r *Reclaimer) Reclaim(ctx context.Context, podUID string, gpus []string) (
 	}
 	for uuid, pids := range left {
 		for _, pid := range pids {
+			if r.Terminate != nil {
+				_ = r.Terminate(ctx, uuid, pid)
+			}
 			if err := r.Kill(pid); err == nil {
 				res.Killed[uuid] = append(res.Killed[uuid], pid)
 			}

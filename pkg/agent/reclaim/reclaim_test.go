@@ -122,8 +122,21 @@ func TestReclaim(t *testing.T) {
 			for _, p := range tt.stuck {
 				f.stuck[p] = true
 			}
-			r := &Reclaimer{GPUs: f, ProcRoot: cgroups(t, all...), Kill: f.kill, Wait: 200 * time.Millisecond, Poll: 10 * time.Millisecond}
+			var terminated []string
+			r := &Reclaimer{GPUs: f, ProcRoot: cgroups(t, all...), Kill: f.kill, Wait: 200 * time.Millisecond, Poll: 10 * time.Millisecond,
+				Terminate: func(_ context.Context, uuid string, pid uint32) error {
+					terminated = append(terminated, fmt.Sprintf("%s/%d", uuid, pid))
+					return errors.New("no MPS here")
+				}}
 			res, err := r.Reclaim(context.Background(), victimUID, tt.gpus)
+			// Every leftover is first handed to MPS's terminate_client.
+			killed := 0
+			for _, ps := range res.Killed {
+				killed += len(ps)
+			}
+			if len(terminated) != killed {
+				t.Errorf("terminate_client asked for %v, killed %v", terminated, res.Killed)
+			}
 			if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil && err != nil) {
 				t.Fatalf("err %v, want %v", err, tt.wantErr)
 			}

@@ -9,7 +9,8 @@
 //
 // with CUDA_MPS_PIPE_DIRECTORY and CUDA_MPS_LOG_DIRECTORY from the
 // environment. The daemon records every command it is told, one per line, in
-// $CUDA_MPS_LOG_DIRECTORY/control.log, and answers get_server_list,
+// $CUDA_MPS_LOG_DIRECTORY/control.log, and answers get_server_list (its
+// own PID standing in for the one server), terminate_client,
 // get_default_active_thread_percentage, the set_default_* commands and quit.
 // It also exits when its pipe directory is removed, so a simulated daemon
 // never outlives the playground that started it.
@@ -120,6 +121,8 @@ func serve(sock, logDir string) error {
 		switch {
 		case len(f) == 0:
 		case f[0] == "get_server_list":
+			reply = fmt.Sprint(os.Getpid())
+		case f[0] == "terminate_client" && len(f) == 3:
 		case f[0] == "get_default_active_thread_percentage":
 			reply = threads
 		case f[0] == "set_default_active_thread_percentage" && len(f) == 2:
