@@ -71,6 +71,9 @@ type Options struct {
 	NoticeRoot string
 	// Kill ends a preempted pod's leftover GPU process (SIGKILL when nil).
 	Kill func(pid uint32) error
+	// Signal sends a victim's GPU processes the signal its pod asked for
+	// with its notice (kill(2) when nil).
+	Signal func(pid uint32, sig syscall.Signal) error
 }
 
 // Agent is one node's agent.

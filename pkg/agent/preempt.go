@@ -1,13 +1,16 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -118,10 +121,69 @@ func (a *Agent) trackVictim(ctx context.Context, p *v1.Pod, n *preemption.Notice
 		err = os.WriteFile(filepath.Join(dir, preemption.NoticeFile), b, 0o644)
 		if err == nil {
 			klog.FromContext(ctx).Info("Preemption notice delivered", "pod", klog.KObj(p), "deadline", n.Deadline, "preemptor", n.Preemptor)
+			go a.notifyWorkload(ctx, p, b)
 			return
 		}
 		klog.FromContext(ctx).Error(err, "Could not deliver a preemption notice", "pod", klog.KObj(p))
 	}
+}
+
+// notifyWorkload sends the notice the other ways the pod's owner asked for:
+// a signal to its GPU processes, a POST to the pod. Both are best effort:
+// the file is the contract, these are courtesies to workloads that do not
+// watch it.
+func (a *Agent) notifyWorkload(ctx context.Context, p *v1.Pod, notice []byte) {
+	logger := klog.FromContext(ctx).WithValues("pod", klog.KObj(p))
+	if sig, err := preemption.SignalOf(p); err != nil {
+		logger.Error(err, "Not signalling the preemption victim")
+	} else if sig != 0 && a.reclaimer != nil {
+		var gpus []string
+		a.preemptMu.Lock()
+		if v := a.victims[p.UID]; v != nil {
+			gpus = slices.Clone(v.gpus)
+		}
+		a.preemptMu.Unlock()
+		procs, err := a.reclaimer.Processes(string(p.UID), gpus)
+		if err != nil {
+			logger.Error(err, "Not signalling the preemption victim")
+		}
+		signal := a.opts.Signal
+		if signal == nil {
+			signal = func(pid uint32, sig syscall.Signal) error { return syscall.Kill(int(pid), sig) }
+		}
+		for _, pids := range procs {
+			for _, pid := range pids {
+				if err := signal(pid, sig); err != nil {
+					logger.Error(err, "Signalling a preemption victim's process failed", "pid", pid, "signal", sig)
+				} else {
+					logger.Info("Signalled a preemption victim's process", "pid", pid, "signal", sig)
+				}
+			}
+		}
+	}
+	target, err := preemption.URLOf(p)
+	if err != nil {
+		logger.Error(err, "Not calling the preemption victim")
+		return
+	}
+	if target == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(notice))
+	if err != nil {
+		logger.Error(err, "Not calling the preemption victim")
+		return
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		logger.Error(err, "Calling the preemption victim failed", "url", target)
+		return
+	}
+	resp.Body.Close()
+	logger.Info("Called the preemption victim", "url", target, "status", resp.Status)
 }
 
 // reclaimVictim makes sure no process of a victim that left holds its GPUs,

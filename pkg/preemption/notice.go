@@ -17,12 +17,20 @@
 //     its inventory (Reclaimed); only then does the scheduler release the
 //     victim's slices to the preemptor.
 //
+// Where its owner asks for it, the agent also sends the notice as a signal
+// to the pod's GPU processes (AnnotationSignal) or POSTs it to the pod
+// (AnnotationURL).
+//
 // This file holds the contract; it imports only k8s.io/api.
 package preemption
 
 import (
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"syscall"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -39,7 +47,54 @@ const (
 	// AnnotationGrace (set by the pod's owner) shortens the grace period a
 	// victim gets, as a Go duration ("10s"); it never lengthens it.
 	AnnotationGrace = "tessera.dev/checkpoint-grace"
+	// AnnotationSignal (set by the pod's owner) has the node agent also
+	// send this signal to the pod's GPU processes with the notice:
+	// SIGTERM, SIGINT, SIGHUP, SIGUSR1 or SIGUSR2.
+	AnnotationSignal = "tessera.dev/checkpoint-signal"
+	// AnnotationURL (set by the pod's owner) has the node agent also POST
+	// the notice as JSON to the pod: "http://:8080/checkpoint" — port and
+	// path only; the host is always the pod's own IP.
+	AnnotationURL = "tessera.dev/checkpoint-url"
 )
+
+// Signals a pod may ask for; anything else (SIGKILL above all) is refused.
+var Signals = map[string]syscall.Signal{
+	"SIGTERM": syscall.SIGTERM, "SIGINT": syscall.SIGINT, "SIGHUP": syscall.SIGHUP,
+	"SIGUSR1": syscall.SIGUSR1, "SIGUSR2": syscall.SIGUSR2,
+}
+
+// SignalOf is the signal a pod asked for with its notice: 0 and no error
+// when it asked for none.
+func SignalOf(pod *v1.Pod) (syscall.Signal, error) {
+	name, ok := pod.Annotations[AnnotationSignal]
+	if !ok {
+		return 0, nil
+	}
+	sig, ok := Signals[strings.ToUpper(strings.TrimSpace(name))]
+	if !ok {
+		return 0, fmt.Errorf("annotation %s: %q is not one of SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2", AnnotationSignal, name)
+	}
+	return sig, nil
+}
+
+// URLOf is where the notice is POSTed for a pod that asked for it: "" and
+// no error when it did not. The host is the pod's IP whatever the
+// annotation says of it, so a pod cannot make the agent call elsewhere.
+func URLOf(pod *v1.Pod) (string, error) {
+	raw, ok := pod.Annotations[AnnotationURL]
+	if !ok {
+		return "", nil
+	}
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme != "http" || u.Hostname() != "" || u.Port() == "" {
+		return "", fmt.Errorf("annotation %s: %q must be http://:<port>/<path> (the host is the pod's IP)", AnnotationURL, raw)
+	}
+	if pod.Status.PodIP == "" {
+		return "", fmt.Errorf("pod has no IP yet")
+	}
+	u.Host = net.JoinHostPort(pod.Status.PodIP, u.Port())
+	return u.String(), nil
+}
 
 // Files of the contract, inside every GPU container.
 const (

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"syscall"
 	"testing"
 	"time"
 
@@ -27,6 +28,32 @@ func TestGrace(t *testing.T) {
 		}
 		if got := Grace(p, 30*time.Second); got != want {
 			t.Errorf("grace with %q = %v, want %v (an owner may shorten it, never lengthen it)", ann, got, want)
+		}
+	}
+}
+
+func TestSignalAndURL(t *testing.T) {
+	pod := func(ann map[string]string, ip string) *v1.Pod {
+		return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: ann}, Status: v1.PodStatus{PodIP: ip}}
+	}
+	if sig, err := SignalOf(pod(map[string]string{AnnotationSignal: "sigusr1"}, "")); err != nil || sig != syscall.SIGUSR1 {
+		t.Errorf("SIGUSR1: %v, %v", sig, err)
+	}
+	if _, err := SignalOf(pod(map[string]string{AnnotationSignal: "SIGKILL"}, "")); err == nil {
+		t.Error("SIGKILL accepted: the notice must never kill")
+	}
+	if sig, err := SignalOf(pod(nil, "")); sig != 0 || err != nil {
+		t.Error("a pod without the annotation gets a signal")
+	}
+	for raw, want := range map[string]string{
+		"http://:8080/checkpoint":             "http://10.1.2.3:8080/checkpoint",
+		"http://evil.example:8080/checkpoint": "",
+		"https://:8443/x":                     "",
+		"http:///x":                           "",
+	} {
+		got, err := URLOf(pod(map[string]string{AnnotationURL: raw}, "10.1.2.3"))
+		if got != want || (want == "") != (err != nil) {
+			t.Errorf("URLOf(%q) = %q, %v; want %q", raw, got, err, want)
 		}
 	}
 }

@@ -95,6 +95,12 @@ func (r *Reclaimer) Reclaim(ctx context.Context, podUID string, gpus []string) (
 	}
 }
 
+// Processes lists, per GPU of gpus, the processes on it that belong to the
+// pod with UID podUID.
+func (r *Reclaimer) Processes(podUID string, gpus []string) (map[string][]uint32, error) {
+	return r.leftovers(podUID, gpus)
+}
+
 // leftovers lists, per GPU, the processes on it that belong to the pod.
 func (r *Reclaimer) leftovers(podUID string, gpus []string) (map[string][]uint32, error) {
 	out := map[string][]uint32{}

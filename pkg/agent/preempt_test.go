@@ -1,0 +1,122 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/preemption"
+)
+
+// TestNoticeReachesTheWorkload: a victim's notice lands in its notice
+// directory, and, as its pod asked, as a signal to its GPU processes and a
+// POST to the pod.
+func TestNoticeReachesTheWorkload(t *testing.T) {
+	const uid = "0c6e1a9a-3a9e-4f0e-9a55-6f7b2f2bb1de"
+	srv := dgxh100.New()
+	nvmltest.Install(srv, func(i int) *nvmltest.Reading {
+		r := &nvmltest.Reading{SMCount: 132}
+		if i == 0 {
+			r.Procs = []gonvml.ProcessInfo{{Pid: 4242}, {Pid: 5353}} // the victim's, and a host process
+		}
+		return r
+	})
+	procRoot := t.TempDir()
+	for pid, cg := range map[int]string{
+		4242: fmt.Sprintf("0::/kubepods.slice/kubepods-pod%s.slice/cri-containerd-%064d.scope\n", uid, 1),
+		5353: "0::/system.slice/sshd.service\n",
+	} {
+		dir := filepath.Join(procRoot, fmt.Sprint(pid))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cg), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	uuid0, _ := srv.Devices[0].GetUUID()
+
+	var mu sync.Mutex
+	var signalled []string
+	posted := make(chan []byte, 1)
+	pod := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/checkpoint" || r.Method != http.MethodPost {
+			http.NotFound(w, r)
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		posted <- b
+	}))
+	defer pod.Close()
+	_, port, _ := net.SplitHostPort(pod.Listener.Addr().String())
+
+	n := &preemption.Notice{Preemptor: "prod/urgent", PreemptorUID: "p", Node: "n1", NoticeAt: time.Now(), Deadline: time.Now().Add(time.Minute)}
+	asg, _ := gpu.EncodeAssignment(&gpu.PodAssignment{Node: "n1", Containers: []gpu.ContainerAssignment{{Name: "main", Mode: gpu.ModeExclusive,
+		GPUs: []gpu.GPUGrant{{UUID: uuid0, MemoryMiB: 81920, CoresPerMille: 1000}}}}})
+	victim := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: "lab", UID: uid, Annotations: map[string]string{
+		gpu.AnnotationAssignment: asg, preemption.AnnotationNotice: n.Encode(),
+		preemption.AnnotationSignal: "SIGUSR1", preemption.AnnotationURL: "http://:" + port + "/checkpoint",
+	}}, Spec: v1.PodSpec{NodeName: "n1"}, Status: v1.PodStatus{Phase: v1.PodRunning, PodIP: "127.0.0.1"}}
+
+	noticeRoot := t.TempDir()
+	a, err := New(Options{Node: "n1", Config: config.Default(), Client: newNode(), NVML: srv, CDIDir: t.TempDir(),
+		ProcRoot: procRoot, NodePods: func() []*v1.Pod { return []*v1.Pod{victim} }, NoticeRoot: noticeRoot,
+		Signal: func(pid uint32, sig syscall.Signal) error {
+			mu.Lock()
+			defer mu.Unlock()
+			signalled = append(signalled, fmt.Sprintf("%d:%v", pid, sig))
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.preemptionPass(context.Background(), time.Now())
+
+	b, err := os.ReadFile(filepath.Join(noticeRoot, uid, preemption.NoticeFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got preemption.Notice
+	if err := json.Unmarshal(b, &got); err != nil || got.Preemptor != "prod/urgent" {
+		t.Fatalf("notice file %s: %v", b, err)
+	}
+	select {
+	case body := <-posted:
+		if err := json.Unmarshal(body, &got); err != nil || got.Preemptor != "prod/urgent" {
+			t.Errorf("posted %s", body)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the pod's checkpoint URL was not called")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		s := fmt.Sprint(signalled)
+		mu.Unlock()
+		if s == fmt.Sprintf("[4242:%v]", syscall.SIGUSR1) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("signalled %s; want SIGUSR1 to the victim's GPU process only", s)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
