@@ -248,11 +248,19 @@ func (c *Controller) cancel(ctx context.Context, pod *v1.Pod, why string) error 
 
 // stop deletes the victim at once (its grace was the notice's).
 func (c *Controller) stop(ctx context.Context, pod *v1.Pod, n *Notice, level string, now time.Time) error {
-	c.ended.Store(pod.UID, level)
+	if _, already := c.ended.LoadOrStore(pod.UID, level); already {
+		// A second look queued before the informer saw the first stop.
+		return nil
+	}
 	zero := int64(0)
 	uid := pod.UID
 	err := c.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &uid}})
-	if err != nil && !apierrors.IsNotFound(err) {
+	switch {
+	case apierrors.IsNotFound(err):
+		// Gone meanwhile on its own: its deletion event counts it.
+		c.ended.Delete(pod.UID)
+		return nil
+	case err != nil:
 		c.ended.Delete(pod.UID)
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/component-base/metrics/testutil"
 
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 )
@@ -87,6 +88,7 @@ func controller(t *testing.T, now time.Time, pods ...*v1.Pod) (*Controller, *fak
 		}
 	}
 	client := fake.NewClientset(objs...)
+	registerMetrics()
 	cfg := config.Default().Preemption
 	cfg.RecordRetention = 3
 	return &Controller{client: client, pods: corelisters.NewPodLister(idx), cfg: cfg, now: func() time.Time { return now },
@@ -197,6 +199,15 @@ func TestSyncCheckpointEndsTheWait(t *testing.T) {
 	}
 	if cms, _ := client.CoreV1().ConfigMaps(RecordNamespace).List(context.Background(), metav1.ListOptions{}); len(cms.Items) != 0 {
 		t.Error("a soft preemption left a scene record")
+	}
+	// A second look queued before the informer saw the deletion (the
+	// lister still has the pod) neither stops nor counts it again.
+	before, _ := testutil.GetCounterMetricValue(levels.WithLabelValues(LevelSoft))
+	if _, err := c.sync(context.Background(), key(v)); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := testutil.GetCounterMetricValue(levels.WithLabelValues(LevelSoft)); after != before {
+		t.Errorf("soft preemptions %v → %v on a second look", before, after)
 	}
 }
 
