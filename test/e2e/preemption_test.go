@@ -347,6 +347,20 @@ func TestPreemptionRespectsPolicyAndBudgets(t *testing.T) {
 	create(t, c.Client, low)
 	waitRunning(t, c.Client, ns, []string{"low"}, 30*time.Second)
 
+	// A budget that allows no disruption protects it from a critical pod
+	// (checked below; made now, so the scheduler has long seen it).
+	// (No disruption controller runs in the playground: the test sets the
+	// budget's status as that controller would.)
+	pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Name: "research", Namespace: ns},
+		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: ptrTo(intstr.FromInt32(1)), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "research"}}}}
+	pdb, err := c.Client.PolicyV1().PodDisruptionBudgets(ns).Create(context.Background(), pdb, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pdb.Status = policyv1.PodDisruptionBudgetStatus{DisruptionsAllowed: 0, CurrentHealthy: 1, DesiredHealthy: 1, ExpectedPods: 1, ObservedGeneration: pdb.Generation}
+	if pdb, err = c.Client.PolicyV1().PodDisruptionBudgets(ns).UpdateStatus(context.Background(), pdb, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	// gpu-batch: priority 1000 > 0, but preemptionPolicy Never.
 	create(t, c.Client, wholeGPU(ns, "polite", "gpu-batch", nil))
 	// Two GPUs on a one-GPU node: impossible whatever is evicted.
@@ -367,20 +381,6 @@ func TestPreemptionRespectsPolicyAndBudgets(t *testing.T) {
 		t.Error("no impossible preemption counted for too-big")
 	}
 
-	// A budget that allows no disruption protects it from a critical pod.
-	// (No disruption controller runs in the playground: the test sets the
-	// budget's status as that controller would.)
-	pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Name: "research", Namespace: ns},
-		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: ptrTo(intstr.FromInt32(1)), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "research"}}}}
-	pdb, err := c.Client.PolicyV1().PodDisruptionBudgets(ns).Create(context.Background(), pdb, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pdb.Status = policyv1.PodDisruptionBudgetStatus{DisruptionsAllowed: 0, CurrentHealthy: 1, DesiredHealthy: 1, ExpectedPods: 1, ObservedGeneration: pdb.Generation}
-	if pdb, err = c.Client.PolicyV1().PodDisruptionBudgets(ns).UpdateStatus(context.Background(), pdb, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(200 * time.Millisecond) // the scheduler's informer
 	create(t, c.Client, wholeGPU(ns, "critical", "gpu-critical", nil))
 	stillPending(t, c.Client, ns, "critical", 2*time.Second)
 	if p := get(t, c.Client, ns, "low"); preemption.IsVictim(p) {
@@ -391,15 +391,22 @@ func TestPreemptionRespectsPolicyAndBudgets(t *testing.T) {
 	if _, err := c.Client.PolicyV1().PodDisruptionBudgets(ns).UpdateStatus(context.Background(), pdb, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// Retry the critical pod now rather than at the queue's next flush.
-	if err := c.Client.CoreV1().Pods(ns).Delete(context.Background(), "critical", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
+	// Retry the critical pod now rather than at the queue's next flush (a
+	// budget's change wakes no waiting pod); again if the scheduler's
+	// informer had not seen the new budget yet.
+	for attempt := 0; attempt < 3; attempt++ {
+		if err := c.Client.CoreV1().Pods(ns).Delete(context.Background(), "critical", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitGone(t, c.Client, ns, "critical")
+		create(t, c.Client, wholeGPU(ns, "critical", "gpu-critical", nil))
+		err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+			return preemption.IsVictim(get(t, c.Client, ns, "low")), nil
+		})
+		if err == nil {
+			break
+		}
 	}
-	waitGone(t, c.Client, ns, "critical")
-	create(t, c.Client, wholeGPU(ns, "critical", "gpu-critical", map[string]string{}))
-	err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
-		return preemption.IsVictim(get(t, c.Client, ns, "low")), nil
-	})
 	if err != nil {
 		t.Fatal("low not preempted once its budget allowed it")
 	}
@@ -461,8 +468,8 @@ func TestNeedlessPreemptionIsWithdrawn(t *testing.T) {
 	c, _ := up(t, playground.Options{Nodes: 1, GPUsPerNode: 2, Model: "h100"})
 	const ns = "spare"
 	v := create(t, c.Client, wholeGPU(ns, "victim", "gpu-batch", nil))
-	// Not a candidate (same priority as the preemptor); done in 3 s.
-	create(t, c.Client, wholeGPU(ns, "short", "gpu-critical", map[string]string{playground.AnnotationRunFor: "3s"}))
+	// Not a candidate (same priority as the preemptor); done in 5 s.
+	create(t, c.Client, wholeGPU(ns, "short", "gpu-critical", map[string]string{playground.AnnotationRunFor: "5s"}))
 	waitRunning(t, c.Client, ns, []string{"victim", "short"}, 30*time.Second)
 	start := time.Now()
 	create(t, c.Client, wholeGPU(ns, "urgent", "gpu-critical", nil))
