@@ -149,12 +149,27 @@ func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.P
 		return nil, fwk.AsStatus(err)
 	}
 	byNode := map[string][]*v1.Pod{}
+	// A cluster full of pods of the preemptor's priority or higher (a
+	// batch queue at one priority) is the common case: answer it without
+	// looking at any node.
+	hope := false
 	for _, q := range pods {
 		if q.Spec.NodeName != "" {
 			byNode[q.Spec.NodeName] = append(byNode[q.Spec.NodeName], q)
+			if !hope && podgpu.WantsGPU(q) {
+				if n, _ := preemption.NoticeOf(q); n != nil {
+					hope = n.PreemptorUID == string(pod.UID)
+				} else {
+					hope = corev1helpers.PodPriority(q) < prio
+				}
+			}
 		} else if q.Status.NominatedNodeName != "" && q.UID != pod.UID {
 			byNode[q.Status.NominatedNodeName] = append(byNode[q.Status.NominatedNodeName], q)
 		}
+	}
+	if !hope {
+		preemptions.WithLabelValues("impossible").Inc()
+		return nil, fwk.NewStatus(fwk.Unschedulable, "preemption cannot make room: no GPU pod of lower priority to evict")
 	}
 	now := time.Now()
 	var best *nodeChoice
@@ -169,7 +184,7 @@ func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.P
 			continue
 		}
 		var cands []candidate
-		blocked := false
+		blocked, freed := false, false
 		// Pods nominated here with at least our priority are promised
 		// their slices: their victims are as good as gone, and they count
 		// as placed.
@@ -204,6 +219,7 @@ func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.P
 				// preemptor, it stays as it is.
 				if _, ok := promised[types.UID(n.PreemptorUID)]; ok || n.PreemptorUID == string(pod.UID) {
 					base.RemoveAssignment(a, 0, 0)
+					freed = true
 				}
 				continue
 			}
@@ -232,7 +248,8 @@ func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.P
 			}
 			base.Apply(r, &pl)
 		}
-		if blocked {
+		if blocked || (len(cands) == 0 && !freed) {
+			// Nothing would leave: Filter's verdict stands.
 			continue
 		}
 		victims, ok := selectVictims(s.alloc, base, s.req, cands, p.cache.oversub)
