@@ -13,7 +13,5 @@ import (
 )
 
 func main() {
-	os.Exit(cli.Run(app.NewSchedulerCommand(
-		app.WithPlugin(scheduler.Name, scheduler.New),
-		app.WithPlugin(scheduler.ResourcesFitName, scheduler.NewResourcesFit))))
+	os.Exit(cli.Run(app.NewSchedulerCommand(scheduler.Register)))
 }

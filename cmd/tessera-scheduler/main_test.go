@@ -56,7 +56,7 @@ func setup(t *testing.T, schedulerConfig string) (map[string]*config.Plugins, er
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	_, sched, err := app.Setup(ctx, opts, app.WithPlugin(scheduler.Name, scheduler.New), app.WithPlugin(scheduler.ResourcesFitName, scheduler.NewResourcesFit))
+	_, sched, err := app.Setup(ctx, opts, scheduler.Register)
 	if err != nil {
 		return nil, err
 	}

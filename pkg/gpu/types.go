@@ -136,6 +136,12 @@ type GPUGrant struct {
 	CoresPerMille int `json:"cores"`
 }
 
+// CoresPercent is the grant's share of the SMs in the percent users speak,
+// rounded up: a limit enforced in percent must never be below the grant.
+func (g GPUGrant) CoresPercent() int {
+	return (g.CoresPerMille*100 + CoresPerGPU - 1) / CoresPerGPU
+}
+
 // ContainerAssignment is the scheduler's decision for one container.
 type ContainerAssignment struct {
 	Name string      `json:"name"`

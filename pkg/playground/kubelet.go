@@ -79,7 +79,6 @@ type kubelet struct {
 	devices map[string]bool                   // slot → healthy
 	held    map[types.UID]map[string][]string // pod → container → slots
 	running map[types.UID]*v1.Pod             // pods whose containers run
-	started map[types.UID]map[string]string   // pod → container → runtime ID
 	stopAt  map[types.UID]*time.Timer         // run-for timers
 	reacted map[types.UID]bool                // preemption notices acted on
 	synced  map[string]int64                  // last tessera.dev/gpu capacity written
@@ -102,8 +101,8 @@ func newKubelet(node, dir, noticeRoot string, client kubernetes.Interface, l *lo
 		node: node, dir: dir, client: client, load: l, noticeRoot: noticeRoot,
 		queue:   workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](200*time.Millisecond, 5*time.Second)),
 		devices: map[string]bool{}, held: map[types.UID]map[string][]string{},
-		running: map[types.UID]*v1.Pod{}, started: map[types.UID]map[string]string{},
-		stopAt: map[types.UID]*time.Timer{}, reacted: map[types.UID]bool{},
+		running: map[types.UID]*v1.Pod{},
+		stopAt:  map[types.UID]*time.Timer{}, reacted: map[types.UID]bool{},
 	}
 }
 
@@ -489,9 +488,6 @@ func (k *kubelet) startPod(ctx context.Context, pod *v1.Pod) error {
 		}
 		ids[c.Name] = containerID()
 	}
-	k.mu.Lock()
-	k.started[pod.UID] = ids
-	k.mu.Unlock()
 	if err := k.reportRunning(ctx, pod, ids); err != nil {
 		return err
 	}
@@ -570,7 +566,6 @@ func (k *kubelet) release(uid types.UID) {
 	delete(k.reacted, uid)
 	delete(k.held, uid)
 	delete(k.running, uid)
-	delete(k.started, uid)
 	if t := k.stopAt[uid]; t != nil {
 		t.Stop()
 		delete(k.stopAt, uid)

@@ -13,7 +13,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -32,10 +31,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	v1 "k8s.io/api/core/v1"
-	schedulingv1 "k8s.io/api/scheduling/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -174,7 +171,7 @@ func Up(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return nil, err
 	}
 	c.Kubeconfig = filepath.Join(c.Dir, "kubeconfig")
-	if err := writeKubeconfig(c.Config, c.Kubeconfig); err != nil {
+	if err := WriteKubeconfig(c.Config, c.Kubeconfig); err != nil {
 		return nil, err
 	}
 	logger.V(1).Info("Control plane up", "server", c.Config.Host)
@@ -203,42 +200,37 @@ func Up(ctx context.Context, opts Options) (c *Cluster, err error) {
 	return c, nil
 }
 
-func writeKubeconfig(cfg *rest.Config, path string) error {
+// WriteKubeconfig writes a kubeconfig for cfg: server, CA, and whichever
+// credentials cfg carries (the loopback token here; client certificates
+// elsewhere).
+func WriteKubeconfig(cfg *rest.Config, path string) error {
 	kc := clientcmdapi.NewConfig()
-	kc.Clusters["tessera"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData,
+	kc.Clusters["tessera"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthority: cfg.CAFile, CertificateAuthorityData: cfg.CAData,
 		TLSServerName: cfg.ServerName, InsecureSkipTLSVerify: cfg.Insecure}
-	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{Token: cfg.BearerToken}
+	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{Token: cfg.BearerToken, ClientCertificate: cfg.CertFile, ClientKey: cfg.KeyFile,
+		ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
 	kc.Contexts["tessera-playground"] = &clientcmdapi.Context{Cluster: "tessera", AuthInfo: "admin", Namespace: metav1.NamespaceDefault}
 	kc.CurrentContext = "tessera-playground"
 	return clientcmd.WriteToFile(*kc, path)
 }
 
 func createPriorityClasses(ctx context.Context, client kubernetes.Interface) error {
-	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(deploy.PriorityClasses), 4096)
-	for {
-		var pc schedulingv1.PriorityClass
-		if err := dec.Decode(&pc); errors.Is(err, io.EOF) {
-			return nil
-		} else if err != nil {
-			return fmt.Errorf("deploy/priorityclasses.yaml: %w", err)
-		}
-		if pc.Name == "" {
-			continue
-		}
-		if _, err := client.SchedulingV1().PriorityClasses().Create(ctx, &pc, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("PriorityClass %s: %w", pc.Name, err)
+	pcs, err := deploy.ShippedPriorityClasses()
+	if err != nil {
+		return err
+	}
+	for i := range pcs {
+		if _, err := client.SchedulingV1().PriorityClasses().Create(ctx, &pcs[i], metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("PriorityClass %s: %w", pcs[i].Name, err)
 		}
 	}
+	return nil
 }
 
-// schedulerConfig is deploy/scheduler-config.yaml for a cluster of one
-// scheduler: no leader election, and the upstream default profile served
-// too (no kube-scheduler runs here), as the file describes for replacing
-// kube-scheduler.
+// schedulerConfig is the shipped scheduler configuration for a cluster of
+// one scheduler, on this playground's API server.
 func schedulerConfig(kubeconfig string) string {
-	cfg := strings.Replace(deploy.SchedulerConfig, "leaderElect: true", "leaderElect: false", 1)
-	cfg = strings.Replace(cfg, "profiles:\n", "profiles:\n  - schedulerName: default-scheduler\n", 1)
-	return cfg + fmt.Sprintf("clientConnection: {kubeconfig: %q}\n", kubeconfig)
+	return deploy.StandaloneSchedulerConfig() + fmt.Sprintf("clientConnection: {kubeconfig: %q}\n", kubeconfig)
 }
 
 // startScheduler runs tessera-scheduler as cmd/tessera-scheduler does: the
@@ -269,7 +261,7 @@ func (c *Cluster) startScheduler(ctx context.Context) error {
 		return err
 	}
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	cc, sched, err := app.Setup(sctx, opts, app.WithPlugin(scheduler.Name, scheduler.New), app.WithPlugin(scheduler.ResourcesFitName, scheduler.NewResourcesFit))
+	cc, sched, err := app.Setup(sctx, opts, scheduler.Register)
 	if err != nil {
 		cancel()
 		return fmt.Errorf("tessera-scheduler: %w", err)

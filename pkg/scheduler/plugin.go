@@ -33,6 +33,7 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
+	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
@@ -571,4 +572,14 @@ func (p *Plugin) warnOnce(logger klog.Logger, obj runtime.Object, reason, msg st
 	if r := p.handle.EventRecorder(); r != nil {
 		r.Eventf(obj, nil, v1.EventTypeWarning, reason, "Scheduling", "%s", msg)
 	}
+}
+
+// Register adds Tessera's plugins (TesseraGPU and TesseraNodeResourcesFit)
+// to a scheduler's out-of-tree registry: pass it where kube-scheduler's
+// app takes its options (app.NewSchedulerCommand, app.Setup).
+func Register(r frameworkruntime.Registry) error {
+	if err := r.Register(Name, New); err != nil {
+		return err
+	}
+	return r.Register(ResourcesFitName, NewResourcesFit)
 }

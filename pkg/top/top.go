@@ -48,15 +48,14 @@ type Tenant struct {
 
 // GPU is one GPU and its tenants.
 type GPU struct {
-	Node       string
-	Index      int
-	UUID       string
-	Model      string
-	MemoryMiB  int64
-	Healthy    bool
-	Slices     int
-	MPSCapable bool
-	Tenants    []Tenant
+	Node      string
+	Index     int
+	UUID      string
+	Model     string
+	MemoryMiB int64
+	Healthy   bool
+	Slices    int
+	Tenants   []Tenant
 }
 
 // Mode is the GPU's sharing mode as its tenants hold it ("free" when none).
@@ -112,7 +111,7 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 		for _, d := range inv.GPUs {
 			byUUID[d.UUID] = len(snap.GPUs)
 			snap.GPUs = append(snap.GPUs, GPU{Node: inv.Node, Index: d.Index, UUID: d.UUID, Model: d.Model,
-				MemoryMiB: d.MemoryMiB, Healthy: d.Healthy, Slices: d.Slices, MPSCapable: d.MPSCapable})
+				MemoryMiB: d.MemoryMiB, Healthy: d.Healthy, Slices: d.Slices})
 		}
 	}
 	for i := range pods.Items {
@@ -144,7 +143,7 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 				if !ok {
 					continue
 				}
-				mem, cores := g.MemoryMiB, g.CoresPerMille*100/gpu.CoresPerGPU
+				mem, cores := g.MemoryMiB, g.CoresPercent()
 				if c.Mode == gpu.ModeExclusive {
 					mem, cores = snap.GPUs[i].MemoryMiB, 100
 				}

@@ -22,16 +22,16 @@ import (
 	"k8s.io/apiserver/pkg/storage/storagebackend"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/component-base/configz"
 	kubeapiservertesting "k8s.io/kubernetes/cmd/kube-apiserver/app/testing"
 	"k8s.io/kubernetes/cmd/kube-scheduler/app"
 	"k8s.io/kubernetes/cmd/kube-scheduler/app/options"
 
+	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/inventory"
+	"github.com/tessera-gpu/tessera/pkg/playground"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
 	"github.com/tessera-gpu/tessera/pkg/scheduler"
 )
@@ -74,37 +74,19 @@ func startCluster(t testing.TB) *cluster {
 	t.Cleanup(cancel)
 	c := &cluster{t: t, ctx: ctx, client: client, dir: t.TempDir()}
 	c.kubeconfig = filepath.Join(c.dir, "kubeconfig")
-	if err := writeKubeconfig(cfg, c.kubeconfig); err != nil {
+	if err := playground.WriteKubeconfig(cfg, c.kubeconfig); err != nil {
 		t.Fatal(err)
 	}
 	return c
 }
 
-func writeKubeconfig(cfg *rest.Config, path string) error {
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["c"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthority: cfg.CAFile, CertificateAuthorityData: cfg.CAData,
-		TLSServerName: cfg.ServerName, InsecureSkipTLSVerify: cfg.Insecure}
-	kc.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: cfg.BearerToken, ClientCertificate: cfg.CertFile, ClientKey: cfg.KeyFile,
-		ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
-	kc.Contexts["ctx"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
-	kc.CurrentContext = "ctx"
-	return clientcmd.WriteToFile(*kc, path)
-}
-
-// schedulerConfig is deploy/scheduler-config.yaml pointed at the test's API
-// server, alone (no leader election), with the given plugin arguments.
+// schedulerConfig is deploy/scheduler-config.yaml for a cluster of one
+// scheduler (the upstream default profile, which the benchmark's baseline
+// uses, served too), pointed at the test's API server, with the given
+// plugin arguments.
 func (c *cluster) schedulerConfig(pluginArgs string) string {
 	c.t.Helper()
-	b, err := os.ReadFile("../../deploy/scheduler-config.yaml")
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	cfg := string(b)
-	cfg = strings.Replace(cfg, "leaderElect: true", "leaderElect: false", 1)
-	// No kube-scheduler runs here: the upstream default profile is served
-	// by this scheduler too, as deploy/scheduler-config.yaml describes for
-	// replacing kube-scheduler (the benchmark's baseline uses it).
-	cfg = strings.Replace(cfg, "profiles:\n", "profiles:\n  - schedulerName: default-scheduler\n", 1)
+	cfg := deploy.StandaloneSchedulerConfig()
 	if pluginArgs != "" {
 		i := strings.Index(cfg, "      - name: TesseraGPU\n        args:\n")
 		if i < 0 {
@@ -138,7 +120,7 @@ func (c *cluster) startScheduler(pluginArgs string) *runningScheduler {
 		c.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(c.ctx)
-	cc, sched, err := app.Setup(ctx, opts, app.WithPlugin(scheduler.Name, scheduler.New), app.WithPlugin(scheduler.ResourcesFitName, scheduler.NewResourcesFit))
+	cc, sched, err := app.Setup(ctx, opts, scheduler.Register)
 	if err != nil {
 		cancel()
 		c.t.Fatalf("scheduler setup: %v", err)

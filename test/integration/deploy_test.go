@@ -19,6 +19,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/tessera-gpu/tessera/deploy"
 )
 
 // TestShippedPriorityClasses creates deploy/priorityclasses.yaml on the real
@@ -26,19 +28,12 @@ import (
 // does not know, such as "Always", would be refused here).
 func TestShippedPriorityClasses(t *testing.T) {
 	c := startCluster(t)
-	b, err := os.ReadFile("../../deploy/priorityclasses.yaml")
+	pcs, err := deploy.ShippedPriorityClasses()
 	if err != nil {
 		t.Fatal(err)
 	}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
 	want := map[string]bool{"gpu-critical": true, "gpu-standard": true, "gpu-batch": true}
-	for {
-		var pc schedulingv1.PriorityClass
-		if err := dec.Decode(&pc); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			t.Fatal(err)
-		}
+	for _, pc := range pcs {
 		got, err := c.client.SchedulingV1().PriorityClasses().Create(c.ctx, &pc, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatalf("%s: %v", pc.Name, err)

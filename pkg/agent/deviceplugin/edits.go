@@ -64,7 +64,7 @@ func EditsFor(c gpu.ContainerAssignment, pipeDir PipeDir) (Edits, error) {
 		g := c.GPUs[0]
 		e.Env = append(e.Env,
 			"CUDA_MPS_PIPE_DIRECTORY="+MPSPipeDirInContainer,
-			"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="+strconv.Itoa(int((g.CoresPerMille+9)/10)),
+			"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="+strconv.Itoa(g.CoresPercent()),
 			fmt.Sprintf("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=%dM", g.MemoryMiB))
 		e.Mounts = []Mount{{HostPath: pipeDir(g.UUID), ContainerPath: MPSPipeDirInContainer, Options: []string{"rbind", "rw"}}}
 		e.Enforced = true
@@ -74,7 +74,7 @@ func EditsFor(c gpu.ContainerAssignment, pipeDir PipeDir) (Edits, error) {
 		var mem, cores []string
 		for i, g := range c.GPUs {
 			mem = append(mem, fmt.Sprintf("%d=%d", i, g.MemoryMiB))
-			cores = append(cores, fmt.Sprintf("%d=%d", i, (g.CoresPerMille+9)/10))
+			cores = append(cores, fmt.Sprintf("%d=%d", i, g.CoresPercent()))
 		}
 		e.Env = append(e.Env, "TESSERA_GPU_MEMORY_LIMIT_MIB="+strings.Join(mem, ","), "TESSERA_GPU_CORES_PERCENT="+strings.Join(cores, ","))
 	default:

@@ -57,7 +57,7 @@ var ErrStuck = errors.New("leftover processes still hold the GPU")
 // returns ErrStuck (wrapped, with the GPUs and PIDs) when some did not.
 func (r *Reclaimer) Reclaim(ctx context.Context, podUID string, gpus []string) (Result, error) {
 	res := Result{Killed: map[string][]uint32{}, Stuck: map[string][]uint32{}}
-	left, err := r.leftovers(podUID, gpus)
+	left, err := r.Processes(podUID, gpus)
 	if err != nil {
 		return res, err
 	}
@@ -76,7 +76,7 @@ func (r *Reclaimer) Reclaim(ctx context.Context, podUID string, gpus []string) (
 	}
 	deadline := time.Now().Add(r.Wait)
 	for {
-		left, err = r.leftovers(podUID, gpus)
+		left, err = r.Processes(podUID, gpus)
 		if err != nil {
 			return res, err
 		}
@@ -98,11 +98,6 @@ func (r *Reclaimer) Reclaim(ctx context.Context, podUID string, gpus []string) (
 // Processes lists, per GPU of gpus, the processes on it that belong to the
 // pod with UID podUID.
 func (r *Reclaimer) Processes(podUID string, gpus []string) (map[string][]uint32, error) {
-	return r.leftovers(podUID, gpus)
-}
-
-// leftovers lists, per GPU, the processes on it that belong to the pod.
-func (r *Reclaimer) leftovers(podUID string, gpus []string) (map[string][]uint32, error) {
 	out := map[string][]uint32{}
 	for _, uuid := range gpus {
 		pids, err := r.GPUs.Processes(uuid)
