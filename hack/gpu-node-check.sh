@@ -14,6 +14,11 @@ if command -v nvidia-cuda-mps-control >/dev/null; then
 	# back a default limit, and stops it. Leaves the compute mode as it is.
 	mps=(--mps-check "$(command -v nvidia-cuda-mps-control)")
 fi
+if command -v nvidia-smi >/dev/null; then
+	# Sets GPU 0's time-slice class to long with the agent's nvidia-smi
+	# command line, then back to the driver's default.
+	mps+=(--timeslice-check "$(command -v nvidia-smi)")
+fi
 echo "== tessera gpus --samples $samples ${mps[*]}"
 ./bin/tessera gpus --samples "$samples" --interval 500ms "${mps[@]}" || echo "tessera gpus exited $?"
 if command -v nvidia-smi >/dev/null; then

@@ -30,6 +30,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
 	"github.com/tessera-gpu/tessera/pkg/agent/mps"
 	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
+	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 )
 
@@ -65,6 +66,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		mpsRoot      = fs.String("mps-root", "/run/tessera/mps", "holds each MPS daemon's pipe and log directories")
 		mpsBinary    = fs.String("mps-control", mps.DefaultBinary, "the MPS control program")
 		allowNoGPU   = fs.Bool("allow-no-gpu", false, "run as an empty node when NVML cannot load, instead of exiting")
+		nvidiaSMI    = fs.String("nvidia-smi", timeslice.DefaultNvidiaSMI, "the driver's nvidia-smi, which sets time-shared GPUs' time-slice class")
 		noticeRoot   = fs.String("preemption-dir", "/run/tessera/preemption", "holds each pod's preemption notice directory, mounted into its GPU containers (empty: no preemption notices)")
 	)
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
@@ -115,6 +117,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		MPS: *useMPS, MPSBinary: *mpsBinary, MPSRoot: *mpsRoot,
 		Holder: deviceplugin.PodResourcesHolder{Client: podresourcesapi.NewPodResourcesListerClient(conn)},
 		Pods:   nodePods.Get, CDIDir: *cdiDir, ProcRoot: *procRoot, NodePods: nodePods.List, NoticeRoot: *noticeRoot,
+		NvidiaSMI: *nvidiaSMI,
 	})
 	switch {
 	case errors.Is(err, nvml.ErrNoDriver):

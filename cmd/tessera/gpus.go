@@ -16,6 +16,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/agent/mps"
 	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
+	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
 )
 
 // exitNoDriver: NVML could not be loaded (no NVIDIA driver here).
@@ -33,6 +34,7 @@ func runGPUs(args []string, stdout, stderr io.Writer) int {
 	samples := fs.Int("samples", 3, "usage samples to take")
 	interval := fs.Duration("interval", 500*time.Millisecond, "time between samples")
 	mpsCheck := fs.String("mps-check", "", "also start an MPS control daemon on GPU 0 with this control program (e.g. nvidia-cuda-mps-control), set a default client limit, read it back and stop it — as the agent does")
+	sliceCheck := fs.String("timeslice-check", "", "also set GPU 0's driver time-slice class to long and back to default with this nvidia-smi, as the agent does on time-shared GPUs")
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
 	}
@@ -90,7 +92,33 @@ func runGPUs(args []string, stdout, stderr io.Writer) int {
 			return exitError
 		}
 	}
+	if *sliceCheck != "" && len(devs) > 0 {
+		if err := checkTimeSlice(*sliceCheck, devs[0].UUID, stdout); err != nil {
+			fmt.Fprintf(stderr, "tessera gpus: time-slice check: %v\n", err)
+			return exitError
+		}
+	}
 	return exitOK
+}
+
+// checkTimeSlice sets one GPU's time-slice class through the agent's code,
+// then puts the driver's default back: a check, not a takeover.
+func checkTimeSlice(path, uuid string, stdout io.Writer) error {
+	smi, err := timeslice.Find(path)
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	start := time.Now()
+	if err := smi.SetTimeslice(ctx, uuid, timeslice.Long); err != nil {
+		return err
+	}
+	took := time.Since(start)
+	if err := smi.SetTimeslice(ctx, uuid, timeslice.Default); err != nil {
+		return fmt.Errorf("restoring the default class: %w", err)
+	}
+	fmt.Fprintf(stdout, "\nTime slice on %s: class long set in %v with %s, default restored\n", uuid, took.Round(time.Millisecond), smi.Path)
+	return nil
 }
 
 // checkMPS runs the agent's MPS manager on one GPU in a scratch directory:

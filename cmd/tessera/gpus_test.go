@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -64,5 +65,29 @@ func TestGPUsMPSCheck(t *testing.T) {
 	code, out, errOut := runCLI(t, "gpus", "--samples", "0", "--mps-check", bin)
 	if code != exitOK || !strings.Contains(out, "default active thread percentage 40, restarts 0") {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+}
+
+// TestGPUsTimeSliceCheck: the check runs the agent's nvidia-smi command
+// line on GPU 0 (long, then default back), here against a stand-in that
+// records its arguments.
+func TestGPUsTimeSliceCheck(t *testing.T) {
+	dir := t.TempDir()
+	bin, log := filepath.Join(dir, "nvidia-smi"), filepath.Join(dir, "calls")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\necho \"$@\" >> "+log+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	srv := dgxh200.New()
+	nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{} })
+	defer func(f func() gonvml.Interface) { newNVML = f }(newNVML)
+	newNVML = func() gonvml.Interface { return srv }
+	code, out, errOut := runCLI(t, "gpus", "--samples", "0", "--timeslice-check", bin)
+	if code != exitOK || !strings.Contains(out, "class long set in") {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	uuid, _ := srv.Devices[0].GetUUID()
+	calls, err := os.ReadFile(log)
+	if want := "compute-policy -i " + uuid + " --set-timeslice 3\ncompute-policy -i " + uuid + " --set-timeslice 0\n"; err != nil || string(calls) != want {
+		t.Fatalf("nvidia-smi calls %q, %v; want %q", calls, err, want)
 	}
 }

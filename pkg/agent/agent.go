@@ -34,6 +34,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
 	"github.com/tessera-gpu/tessera/pkg/agent/reclaim"
 	"github.com/tessera-gpu/tessera/pkg/agent/tenants"
+	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/inventory"
@@ -74,6 +75,10 @@ type Options struct {
 	// Signal sends a victim's GPU processes the signal its pod asked for
 	// with its notice (kill(2) when nil).
 	Signal func(pid uint32, sig syscall.Signal) error
+	// TimeSlicer sets time-shared GPUs' time-slice class; nil uses the
+	// driver's nvidia-smi at NvidiaSMI (looked up on $PATH by default).
+	TimeSlicer timeslice.Setter
+	NvidiaSMI  string
 }
 
 // Agent is one node's agent.
@@ -100,6 +105,11 @@ type Agent struct {
 	preemptMu sync.Mutex
 	victims   map[types.UID]*victim
 	reclaimed []string
+
+	// timeSlices keeps time-shared GPUs at their class; nil when no way to
+	// set one was found (noTimeSlicer says why) or the node runs MPS.
+	timeSlices   *timeslice.Manager
+	noTimeSlicer error
 }
 
 // New opens NVML and reads the GPUs. Without a driver it fails with
@@ -175,7 +185,24 @@ func New(opts Options) (*Agent, error) {
 			a.reclaimer.Terminate = a.MPS.TerminateClient
 		}
 	}
-	a.reg.MustRegister(mpsRestarts, sliceChanges, reclaims, reclaimKilled, reclaimDuration)
+	if len(a.timeShared()) > 0 {
+		setter := opts.TimeSlicer
+		if setter == nil {
+			path := opts.NvidiaSMI
+			if path == "" {
+				path = timeslice.DefaultNvidiaSMI
+			}
+			smi, err := timeslice.Find(path)
+			if err == nil {
+				setter = smi
+			}
+			a.noTimeSlicer = err
+		}
+		if setter != nil {
+			a.timeSlices = timeslice.NewManager(setter, timeSliceRetry)
+		}
+	}
+	a.reg.MustRegister(mpsRestarts, sliceChanges, reclaims, reclaimKilled, reclaimDuration, timeSliceClass, timeSliceFailures)
 	return a, nil
 }
 
@@ -379,6 +406,13 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 		}
 		go a.MPS.Run(ctx, 5*time.Second)
 	}
+	if a.gpus != nil && a.MPS == nil {
+		a.prepareTimeShared(ctx)
+		if a.noTimeSlicer != nil {
+			logger.Error(a.noTimeSlicer, "Time-shared GPUs keep the driver's default time slice")
+		}
+		a.applyTimeSlices(ctx, time.Now())
+	}
 	if err := a.Refresh(ctx, time.Now()); err != nil {
 		return err
 	}
@@ -406,6 +440,7 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 				logger.V(2).Info("Sampling pass incomplete", "err", err)
 			}
 			a.Adjust(ctx, a.Sampler.Utilization(), now)
+			a.applyTimeSlices(ctx, now)
 			if err := a.Refresh(ctx, now); err != nil {
 				logger.Error(err, "Publishing the GPU inventory failed")
 			}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
 	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
+	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/inventory"
@@ -173,4 +174,130 @@ func TestForecastLoadLowersTheSliceCount(t *testing.T) {
 	if inv.GPUs[0].Slices != cfg.Fragments.MaxSlices-1 || inv.GPUs[1].Slices != cfg.Fragments.MaxSlices {
 		t.Fatalf("published slices %d and %d", inv.GPUs[0].Slices, inv.GPUs[1].Slices)
 	}
+}
+
+// failingSlicer refuses every class, as nvidia-smi does on a GPU that
+// does not support compute policies.
+type failingSlicer struct{ calls int }
+
+func (f *failingSlicer) SetTimeslice(context.Context, string, timeslice.Class) error {
+	f.calls++
+	return errors.New("Setting timeslice is not supported")
+}
+
+// TestTimeSharedGPUsGetTheirClass: on a time-sliced node every GPU is put in
+// the default compute mode and given the compute-bound class; a GPU that
+// takes an inference tenant moves to the IO-bound class, and back when the
+// tenant leaves. A GPU whose class cannot be set is reported and retried no
+// sooner than a minute later.
+func TestTimeSharedGPUsGetTheirClass(t *testing.T) {
+	srv := dgxh100.New()
+	nvmltest.Install(srv, func(i int) *nvmltest.Reading {
+		if i == 1 {
+			return &nvmltest.Reading{ComputeMode: gonvml.COMPUTEMODE_EXCLUSIVE_PROCESS}
+		}
+		return &nvmltest.Reading{}
+	})
+	uuid0, _ := srv.Devices[0].GetUUID()
+	uuid1, _ := srv.Devices[1].GetUUID()
+	pod := func(name, workload string, uuid string) *v1.Pod {
+		enc, err := gpu.EncodeAssignment(&gpu.PodAssignment{Node: "n1", Containers: []gpu.ContainerAssignment{
+			{Name: "main", Mode: gpu.ModeTimeSlicing, GPUs: []gpu.GPUGrant{{UUID: uuid, MemoryMiB: 8192, CoresPerMille: 250}}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", Annotations: map[string]string{
+			gpu.AnnotationAssignment: enc, gpu.AnnotationWorkload: workload}},
+			Spec: v1.PodSpec{NodeName: "n1", Containers: []v1.Container{{Name: "main"}}}}
+	}
+	pods := []*v1.Pod{pod("train", "training", uuid0)}
+	rec := &timeslice.Recorder{}
+	ctx, t0 := context.Background(), time.Now()
+	a, err := New(Options{Node: "n1", Config: config.Default(), Client: newNode(), NVML: srv, TimeSlicer: rec,
+		NodePods: func() []*v1.Pod { return pods }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.prepareTimeShared(ctx)
+	if m, _ := srv.Devices[1].GetComputeMode(); m != gonvml.COMPUTEMODE_DEFAULT {
+		t.Fatalf("GPU 1 left in compute mode %v", m)
+	}
+	class := func(uuid string) timeslice.Class {
+		t.Helper()
+		c, ok := rec.Get(uuid)
+		if !ok {
+			t.Fatalf("no class set on %s", uuid)
+		}
+		return c
+	}
+	a.applyTimeSlices(ctx, t0)
+	for _, d := range a.devices {
+		if c := class(d.UUID); c != timeslice.Long {
+			t.Fatalf("GPU %s: %v, want long (timeSlice.computeBound 100ms, the longer)", d.UUID, c)
+		}
+	}
+	pods = append(pods, pod("serve", "inference", uuid0))
+	a.applyTimeSlices(ctx, t0.Add(time.Second))
+	if c0, c1 := class(uuid0), class(uuid1); c0 != timeslice.Medium || c1 != timeslice.Long {
+		t.Fatalf("with an inference tenant on GPU 0: GPU 0 %v, GPU 1 %v; want medium, long", c0, c1)
+	}
+	pods = pods[:1]
+	a.applyTimeSlices(ctx, t0.Add(2*time.Second))
+	if c := class(uuid0); c != timeslice.Long {
+		t.Fatalf("after the inference tenant left: GPU 0 %v", c)
+	}
+	if v := gauge(t, a, "tessera_gpu_timeslice_class", uuid0); v != float64(timeslice.Long) {
+		t.Fatalf("tessera_gpu_timeslice_class = %v", v)
+	}
+
+	// A driver that refuses: one attempt per GPU, an event, a count, and
+	// no second attempt within the minute.
+	fail := &failingSlicer{}
+	client := newNode()
+	b, err := New(Options{Node: "n1", Config: config.Default(), Client: client, NVML: srv, TimeSlicer: fail})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.applyTimeSlices(ctx, t0)
+	b.applyTimeSlices(ctx, t0.Add(30*time.Second))
+	if fail.calls != 8 {
+		t.Fatalf("%d nvidia-smi runs for 8 GPUs in 30 s", fail.calls)
+	}
+	if v := gauge(t, b, "tessera_gpu_timeslice_failures_total", uuid1); v < 1 {
+		t.Fatalf("tessera_gpu_timeslice_failures_total = %v", v)
+	}
+	evs, err := client.EventsV1().Events("default").List(ctx, metav1.ListOptions{})
+	if err != nil || len(evs.Items) != 1 || evs.Items[0].Reason != "TimeSliceNotSet" {
+		t.Fatalf("events: %v, %v", evs, err)
+	}
+	b.applyTimeSlices(ctx, t0.Add(time.Minute))
+	if fail.calls != 16 {
+		t.Fatalf("%d runs after the retry period; want 16", fail.calls)
+	}
+}
+
+// gauge reads one series of the agent's registry by its gpu label.
+func gauge(t *testing.T, a *Agent, name, uuid string) float64 {
+	t.Helper()
+	mfs, err := a.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "gpu" && l.GetValue() == uuid {
+					if m.Gauge != nil {
+						return m.GetGauge().GetValue()
+					}
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s series for %s", name, uuid)
+	return 0
 }

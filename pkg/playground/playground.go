@@ -46,6 +46,7 @@ import (
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/pkg/agent"
 	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
+	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/inventory"
 	"github.com/tessera-gpu/tessera/pkg/scheduler"
@@ -111,6 +112,9 @@ type Node struct {
 	// holds the slots' CDI specs the agent writes; MPSRoot the MPS
 	// daemons' pipe and log directories.
 	PodResourcesSocket, CDIDir, MPSRoot string
+	// TimeSlices is what the agent set as each time-shared GPU's driver
+	// time-slice class (the mock GPUs have no nvidia-smi behind them).
+	TimeSlices *timeslice.Recorder
 
 	agent   *agent.Agent
 	kubelet *kubelet
@@ -311,7 +315,7 @@ func (c *Cluster) startNode(ctx context.Context, opts Options, i int, mpsControl
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{Name: name, MPS: i < opts.MPSNodes, NVML: srv, done: make(chan struct{})}
+	n := &Node{Name: name, MPS: i < opts.MPSNodes, NVML: srv, done: make(chan struct{}), TimeSlices: &timeslice.Recorder{}}
 	procRoot := filepath.Join(dir, "proc")
 	if n.load, err = newLoad(srv, procRoot, uint32(10_000+1_000_000*i)); err != nil {
 		return nil, err
@@ -339,7 +343,7 @@ func (c *Cluster) startNode(ctx context.Context, opts Options, i int, mpsControl
 		MPS: n.MPS, MPSBinary: mpsControl, MPSRoot: n.MPSRoot,
 		Holder: deviceplugin.PodResourcesHolder{Client: podresourcesapi.NewPodResourcesListerClient(n.conn)},
 		Pods:   nodePods.Get, CDIDir: n.CDIDir, ProcRoot: procRoot, NodePods: nodePods.List,
-		NoticeRoot: noticeRoot, Kill: n.load.kill,
+		NoticeRoot: noticeRoot, Kill: n.load.kill, TimeSlicer: n.TimeSlices,
 	})
 	if err != nil {
 		cancel()

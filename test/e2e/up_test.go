@@ -29,6 +29,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
 	"github.com/tessera-gpu/tessera/pkg/agent/mps/mpssim"
+	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/playground"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
@@ -212,7 +213,7 @@ func TestPlayground(t *testing.T) {
 		{Name: "whole", GPUs: 1, Sharing: gpu.ModeExclusive, PriorityClass: "gpu-standard"},
 		{Name: "pair", GPUs: 2, Sharing: gpu.ModeExclusive, PriorityClass: "gpu-standard"},
 		{Name: "mps", GPUs: 1, MemoryMiB: 10240, Cores: 30, Sharing: gpu.ModeMPS, Workload: gpu.WorkloadInference, PriorityClass: "gpu-critical"},
-		{Name: "ts", GPUs: 1, MemoryMiB: 16384, Cores: 40, Sharing: gpu.ModeTimeSlicing, PriorityClass: "gpu-batch"},
+		{Name: "ts", GPUs: 1, MemoryMiB: 16384, Cores: 40, Sharing: gpu.ModeTimeSlicing, Workload: gpu.WorkloadInference, PriorityClass: "gpu-batch"},
 	}
 	if err := playground.Submit(context.Background(), client, ns, specs); err != nil {
 		t.Fatal(err)
@@ -280,6 +281,36 @@ func TestPlayground(t *testing.T) {
 			b, _ := os.ReadFile(l)
 			if !strings.Contains(string(b), "set_default_active_thread_percentage 100") {
 				t.Errorf("%s: daemon not given its defaults: %q", l, b)
+			}
+		}
+	}
+
+	// Time-shared GPUs have the driver's time-slice class for their
+	// tenants: the inference pod's GPU the IO-bound one (medium), every
+	// other the compute-bound one (long); MPS GPUs none.
+	tsPod := pods["ts"]
+	tsAsg, err := podgpu.BoundAssignment(tsPod)
+	if err != nil || tsAsg == nil {
+		t.Fatalf("ts: assignment %v, %v", tsAsg, err)
+	}
+	tsGPU := tsAsg.Containers[0].GPUs[0].UUID
+	err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		cl, _ := byNode[tsPod.Spec.NodeName].TimeSlices.Get(tsGPU)
+		return cl == timeslice.Medium, nil
+	})
+	if err != nil {
+		cl, ok := byNode[tsPod.Spec.NodeName].TimeSlices.Get(tsGPU)
+		t.Errorf("time-sliced inference pod's GPU has class %v (set %v), want medium", cl, ok)
+	}
+	for _, n := range c.Nodes {
+		for i, d := range n.NVML.Devices {
+			uuid, _ := d.GetUUID()
+			cl, ok := n.TimeSlices.Get(uuid)
+			switch {
+			case n.MPS && ok:
+				t.Errorf("%s GPU %d is MPS, yet given time-slice class %v", n.Name, i, cl)
+			case !n.MPS && uuid != tsGPU && cl != timeslice.Long:
+				t.Errorf("%s GPU %d: time-slice class %v (set %v), want long", n.Name, i, cl, ok)
 			}
 		}
 	}

@@ -1,0 +1,129 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/prometheus/client_golang/prometheus"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/podgpu"
+)
+
+// timeSliceRetry is how long a GPU whose class could not be set waits
+// before the agent runs nvidia-smi for it again.
+const timeSliceRetry = time.Minute
+
+var (
+	timeSliceClass = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tessera_gpu_timeslice_class",
+		Help: "The driver time-slice class the agent applied to a time-shared GPU (nvidia-smi compute-policy: 1 short, 2 medium, 3 long). Absent until applied.",
+	}, []string{"node", "gpu"})
+	timeSliceFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tessera_gpu_timeslice_failures_total", Help: "Attempts to set a GPU's time-slice class that failed.",
+	}, []string{"node", "gpu"})
+)
+
+// timeShared is the GPUs this agent time-slices: every GPU of a node not in
+// MPS mode, but for MIG-partitioned ones, which Tessera does not slice.
+func (a *Agent) timeShared() []string {
+	if a.MPS != nil || a.gpus == nil {
+		return nil
+	}
+	var out []string
+	for _, d := range a.devices {
+		if !d.MIGEnabled {
+			out = append(out, d.UUID)
+		}
+	}
+	return out
+}
+
+// prepareTimeShared puts the time-shared GPUs in the default compute mode:
+// one left in exclusive-process mode (by an earlier MPS setup, or by hand)
+// would refuse every tenant's context but the first.
+func (a *Agent) prepareTimeShared(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	for _, d := range a.devices {
+		if d.MIGEnabled || a.MPS != nil || d.ComputeMode == gonvml.COMPUTEMODE_DEFAULT {
+			continue
+		}
+		if err := a.gpus.SetComputeMode(d.UUID, gonvml.COMPUTEMODE_DEFAULT); err != nil {
+			logger.Error(err, "GPU is not in the default compute mode, and setting it failed; time-sliced tenants after the first will be refused", "gpu", d.UUID, "mode", d.ComputeMode)
+			continue
+		}
+		logger.Info("Set the default compute mode on a time-shared GPU", "gpu", d.UUID, "was", d.ComputeMode)
+	}
+}
+
+// wantedTimeSlices is each time-shared GPU's class, from its tenants: the
+// IO-bound length where any tenant is an inference pod, the compute-bound
+// one otherwise (and on a GPU with no tenant).
+func (a *Agent) wantedTimeSlices(gpus []string) map[string]timeslice.Class {
+	ioBound := map[string]bool{}
+	if a.opts.NodePods != nil {
+		for _, p := range a.opts.NodePods() {
+			if p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
+				continue
+			}
+			asg, err := podgpu.BoundAssignment(p)
+			if err != nil || asg == nil || asg.Node != a.opts.Node {
+				continue
+			}
+			if w, _ := gpu.ParseWorkloadClass(p.Annotations[gpu.AnnotationWorkload]); w != gpu.WorkloadInference {
+				continue
+			}
+			for _, c := range asg.Containers {
+				for _, g := range c.GPUs {
+					ioBound[g.UUID] = true
+				}
+			}
+		}
+	}
+	want := make(map[string]timeslice.Class, len(gpus))
+	for _, uuid := range gpus {
+		want[uuid] = timeslice.ClassOf(a.opts.Config.TimeSlice, ioBound[uuid])
+	}
+	return want
+}
+
+// applyTimeSlices brings every time-shared GPU to the class its tenants
+// call for; a failure is logged, counted and reported as an event, and
+// retried a minute later.
+func (a *Agent) applyTimeSlices(ctx context.Context, now time.Time) {
+	if a.timeSlices == nil {
+		return
+	}
+	gpus := a.timeShared()
+	logger := klog.FromContext(ctx)
+	var failed []string
+	var firstErr error
+	for _, ch := range a.timeSlices.Apply(ctx, gpus, a.wantedTimeSlices(gpus), now) {
+		if ch.Err != nil {
+			timeSliceFailures.WithLabelValues(a.opts.Node, ch.GPU).Inc()
+			logger.Error(ch.Err, "Setting the GPU's time-slice class failed; retrying later", "gpu", ch.GPU, "class", ch.To, "retryAfter", timeSliceRetry)
+			failed = append(failed, ch.GPU)
+			if firstErr == nil {
+				firstErr = ch.Err
+			}
+			continue
+		}
+		timeSliceClass.WithLabelValues(a.opts.Node, ch.GPU).Set(float64(ch.To))
+		if ch.First {
+			logger.Info("Set the GPU's time-slice class", "gpu", ch.GPU, "class", ch.To)
+		} else {
+			logger.Info("Changed the GPU's time-slice class for its tenants", "gpu", ch.GPU, "from", ch.From, "to", ch.To)
+		}
+	}
+	// One event per pass, however many GPUs failed: a driver that refuses
+	// refuses them all.
+	if len(failed) > 0 {
+		a.event(ctx, now, v1.EventTypeWarning, "TimeSliceNotSet", "SetTimeSlice",
+			fmt.Sprintf("time-slice class not set on %d GPU(s) (%s …), retrying in %v: %v", len(failed), failed[0], timeSliceRetry, firstErr))
+	}
+}
