@@ -101,7 +101,10 @@ type MinSlice struct {
 	Inference int64 `json:"inference"`
 }
 
-// TimeSliceConfig is the time-slice length per workload character.
+// TimeSliceConfig is the time-slice length per workload character. The
+// driver takes classes, not lengths, so the agent keeps their order only
+// (pkg/agent/timeslice: the longer gets the long class, a shorter the
+// medium one); a GPU with an inference tenant is IO-bound.
 type TimeSliceConfig struct {
 	ComputeBound Duration `json:"computeBound"`
 	IOBound      Duration `json:"ioBound"`
