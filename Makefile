@@ -3,7 +3,7 @@
 GO ?= go
 OPENB ?= ../shared/traces/openb
 
-.PHONY: demo demo-sim test test-short rules promtool bench bench-sim bench-scheduler fuzz build vet fmt-check openb clean
+.PHONY: demo demo-sim test test-short rules promtool bench bench-allocate bench-sim bench-scheduler fuzz build vet fmt-check openb clean
 
 ## demo: a local playground cluster (4 simulated nodes × 8 H100s) with a sample workload; prints where each pod landed.
 demo:
@@ -44,6 +44,10 @@ fmt-check:
 ## bench: the allocator's and the agent's Go benchmarks (compare runs with benchstat).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./pkg/allocator/ ./pkg/agent/metrics/
+
+## bench-allocate: Allocate through kubelet's device manager, Tessera's plugin vs a minimal one, interleaved (root).
+bench-allocate:
+	$(GO) test ./pkg/agent/deviceplugin/ -run '^$$' -bench AllocateThroughDeviceManager -benchtime 2000x -count 5
 
 ## bench-sim: time one policy × one seed over the openb default trace, cached and plain.
 bench-sim: build

@@ -40,13 +40,13 @@ func (sourcesReady) AllReady() bool   { return true }
 // kubelet is the real device manager of kubelet, on its fixed socket, with
 // the pods it has admitted.
 type kubelet struct {
-	t   *testing.T
+	t   testing.TB
 	m   *devicemanager.ManagerImpl
 	mu  sync.Mutex
 	pod map[types.UID]*v1.Pod
 }
 
-func startKubelet(t *testing.T, logger klog.Logger) *kubelet {
+func startKubelet(t testing.TB, logger klog.Logger) *kubelet {
 	t.Helper()
 	m, err := devicemanager.NewManagerImpl(logger, nil, topologymanager.NewFakeManager(logger))
 	if err != nil {
@@ -119,21 +119,33 @@ func (k *kubelet) Held(_ context.Context, res string) (map[string]bool, error) {
 	return held, nil
 }
 
-func (k *kubelet) allocatable() int64 {
+func (k *kubelet) allocatable() int64 { return k.allocatableOf(deviceplugin.ResourceName) }
+
+func (k *kubelet) allocatableOf(res string) int64 {
 	_, alloc, _ := k.m.GetCapacity(klog.Background())
-	q := alloc[v1.ResourceName(deviceplugin.ResourceName)]
+	q := alloc[v1.ResourceName(res)]
 	return q.Value()
 }
 
-func (k *kubelet) waitAllocatable(want int64) {
+func (k *kubelet) waitAllocatable(want int64) { k.waitAllocatableOf(deviceplugin.ResourceName, want) }
+
+func (k *kubelet) waitAllocatableOf(res string, want int64) {
 	k.t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for k.allocatable() != want {
+	for k.allocatableOf(res) != want {
 		if time.Now().After(deadline) {
-			k.t.Fatalf("kubelet sees %d %s allocatable, want %d", k.allocatable(), deviceplugin.ResourceName, want)
+			k.t.Fatalf("kubelet sees %d %s allocatable, want %d", k.allocatableOf(res), res, want)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// forget drops a pod from kubelet's active pods; the device manager frees
+// its devices at its next allocation.
+func (k *kubelet) forget(uid types.UID) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	delete(k.pod, uid)
 }
 
 func gpus(healthy func(i int) bool) []deviceplugin.GPUSlots {
@@ -144,7 +156,7 @@ func gpus(healthy func(i int) bool) []deviceplugin.GPUSlots {
 	return out
 }
 
-func gpuPod(t *testing.T, i int, a *gpu.PodAssignment) *v1.Pod {
+func gpuPod(t testing.TB, i int, a *gpu.PodAssignment) *v1.Pod {
 	t.Helper()
 	p := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: fmt.Sprintf("p%02d", i), UID: types.UID(fmt.Sprintf("uid-%02d", i)), Annotations: map[string]string{}},
