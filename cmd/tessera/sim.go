@@ -183,6 +183,13 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 	if err := sim.WriteSummary(summaryOut, name, trace.GPUs(), *tune, sim.Summarize(results)); err != nil {
 		return exitError
 	}
+	var ceilings []sim.Ceiling
+	for _, seed := range seeds {
+		ceilings = append(ceilings, trace.CeilingOf(seed, *tune))
+	}
+	if err := sim.WriteCeiling(summaryOut, trace.GPUs(), ceilings); err != nil {
+		return exitError
+	}
 	return exitOK
 }
 

@@ -54,6 +54,9 @@ type Summary struct {
 	Unallocated float64
 	// Failed is the number of pods that fit nowhere, and Pods all arrivals.
 	Failed, Pods float64
+	// SharingFailedBy100 is the mean Result.SharingFailedBy100: where it is
+	// 0 the policy is bound by the Ceiling.
+	SharingFailedBy100 float64
 }
 
 // Summarize averages results per policy, in the order policies first appear.
@@ -74,6 +77,7 @@ func Summarize(results []*Result) []Summary {
 		s.Unallocated += (1 - r.At100()/100) * float64(r.GPUs)
 		s.Failed += float64(r.Failed)
 		s.Pods += float64(r.Pods)
+		s.SharingFailedBy100 += float64(r.SharingFailedBy100)
 	}
 	for i := range out {
 		s := &out[i]
@@ -83,6 +87,7 @@ func Summarize(results []*Result) []Summary {
 		s.Unallocated /= n
 		s.Failed /= n
 		s.Pods /= n
+		s.SharingFailedBy100 /= n
 	}
 	return out
 }
@@ -93,9 +98,30 @@ func WriteSummary(w io.Writer, workload string, gpus int, tune float64, sums []S
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tseeds\talloc@100%\talloc@end\tunallocated GPUs@100%\tfailed pods\tpods\t")
+	fmt.Fprintln(tw, "policy\tseeds\talloc@100%\talloc@end\tunallocated GPUs@100%\tfailed pods\tpods\tsharing failed@100%\t")
 	for _, s := range sums {
-		fmt.Fprintf(tw, "%s\t%d\t%.2f%%\t%.2f%%\t%.1f\t%.1f\t%.0f\t\n", s.Policy, s.Seeds, s.At100, s.Final, s.Unallocated, s.Failed, s.Pods)
+		fmt.Fprintf(tw, "%s\t%d\t%.2f%%\t%.2f%%\t%.1f\t%.1f\t%.0f\t%.1f\t\n", s.Policy, s.Seeds, s.At100, s.Final, s.Unallocated, s.Failed, s.Pods, s.SharingFailedBy100)
 	}
 	return tw.Flush()
+}
+
+// WriteCeiling prints the mean Ceiling over seeds: the most any policy that
+// places every sharing pod could allocate at 100 %.
+func WriteCeiling(w io.Writer, gpus int, cs []Ceiling) error {
+	if len(cs) == 0 {
+		return nil
+	}
+	var at100, sharing, slicer, slivers float64
+	for _, c := range cs {
+		at100 += c.At100
+		sharing += c.SharingGPUs
+		slicer += float64(c.SlicerGPUs)
+		slivers += c.SliverGPUs
+	}
+	n := float64(len(cs))
+	at100, sharing, slicer, slivers = at100/n, sharing/n, slicer/n, slivers/n
+	_, err := fmt.Fprintf(w, "ceiling @100%%: %.2f%% (%.1f GPUs unallocated at least) for a policy that places every sharing pod: "+
+		"sharing pods' demand %.1f GPUs needs at least %.1f GPUs (L2 bin-packing bound), leaving %.1f GPUs of slivers no whole-GPU pod can use\n",
+		at100, float64(gpus)*(1-at100/100), sharing, slicer, slivers)
+	return err
 }

@@ -96,6 +96,10 @@ type Result struct {
 	Final float64
 	// Pods and Failed count arrivals and the ones that fit nowhere.
 	Pods, Failed int
+	// SharingFailedBy100 counts the sharing pods (one GPU, less than all of
+	// it) that fit nowhere before arrived demand passed 100 % of capacity:
+	// where it is 0, the run is bound by the seed's Ceiling.
+	SharingFailedBy100 int
 	// Placed[i] is the position in the trace's node list of the node the i-th
 	// arrival landed on, or -1; kept only when asked (tests compare it).
 	Placed []int
@@ -215,6 +219,9 @@ func (t *Trace) Run(cfg config.AllocatorConfig, o RunOptions) (*Result, error) {
 			}
 		} else {
 			res.Failed++
+			if pod := t.Pods[pi]; pod.NumGPU == 1 && pod.GPUMilli < gpu.CoresPerGPU && math.Round(100*float64(arrived)/capacity) <= 100 {
+				res.SharingFailedBy100++
+			}
 		}
 		if res.Placed != nil {
 			res.Placed[step] = -1
