@@ -121,7 +121,7 @@ func WriteCeiling(w io.Writer, gpus int, cs []Ceiling) error {
 	n := float64(len(cs))
 	at100, sharing, slicer, slivers = at100/n, sharing/n, slicer/n, slivers/n
 	_, err := fmt.Fprintf(w, "ceiling @100%%: %.2f%% (%.1f GPUs unallocated at least) for a policy that places every sharing pod: "+
-		"sharing pods' demand %.1f GPUs needs at least %.1f GPUs (L2 bin-packing bound), leaving %.1f GPUs of slivers no whole-GPU pod can use\n",
+		"sharing pods' demand %.1f GPUs needs at least %.1f GPUs (bin-packing lower bound), leaving %.1f GPUs of slivers no whole-GPU pod can use\n",
 		at100, float64(gpus)*(1-at100/100), sharing, slicer, slivers)
 	return err
 }
