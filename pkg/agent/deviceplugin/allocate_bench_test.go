@@ -92,21 +92,7 @@ func serveMinimal(b *testing.B, ctx context.Context, dir string) {
 // the oldest before the next. It reports each side's p50 and p99 (µs) and
 // their p99 ratio (Tessera ÷ baseline).
 func BenchmarkAllocateThroughDeviceManager(b *testing.B) {
-	if os.Geteuid() != 0 {
-		b.Skip("kubelet's device manager listens on /var/lib/kubelet/device-plugins/kubelet.sock; needs root")
-	}
-	dir := pluginapi.DevicePluginPath
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		b.Fatal(err)
-	}
-	clean := func() {
-		socks, _ := filepath.Glob(filepath.Join(dir, deviceplugin.SocketPrefix+"*"))
-		for _, f := range append(socks, filepath.Join(dir, "kubelet.sock"), filepath.Join(dir, "kubelet_internal_checkpoint")) {
-			_ = os.Remove(f)
-		}
-	}
-	clean()
-	b.Cleanup(clean)
+	dir := kubeletDir(b)
 	logger := klog.Background()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

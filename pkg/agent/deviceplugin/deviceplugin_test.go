@@ -215,17 +215,17 @@ func envOf(spec map[string]any) []string {
 	return env
 }
 
-// TestWithKubeletDeviceManager runs the plugin against kubelet's own device
-// manager, in process, on kubelet's real socket: registration, ListAndWatch
-// and health, 50 pods allocated at once each getting exactly its assignment,
-// a container no assignment covers, kubelet's restart and the agent's.
-func TestWithKubeletDeviceManager(t *testing.T) {
+// kubeletDir is kubelet's device-plugin directory, where its device manager
+// insists on listening, cleared of earlier runs' sockets and checkpoint
+// before and after; it skips tb unless run as root.
+func kubeletDir(tb testing.TB) string {
+	tb.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("kubelet's device manager listens on /var/lib/kubelet/device-plugins/kubelet.sock; needs root")
+		tb.Skip("kubelet's device manager listens on /var/lib/kubelet/device-plugins/kubelet.sock; needs root")
 	}
 	dir := pluginapi.DevicePluginPath
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	clean := func() {
 		socks, _ := filepath.Glob(filepath.Join(dir, deviceplugin.SocketPrefix+"*"))
@@ -234,7 +234,16 @@ func TestWithKubeletDeviceManager(t *testing.T) {
 		}
 	}
 	clean()
-	t.Cleanup(clean)
+	tb.Cleanup(clean)
+	return dir
+}
+
+// TestWithKubeletDeviceManager runs the plugin against kubelet's own device
+// manager, in process, on kubelet's real socket: registration, ListAndWatch
+// and health, 50 pods allocated at once each getting exactly its assignment,
+// a container no assignment covers, kubelet's restart and the agent's.
+func TestWithKubeletDeviceManager(t *testing.T) {
+	dir := kubeletDir(t)
 	logger, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
