@@ -186,18 +186,8 @@ func New(opts Options) (*Agent, error) {
 		}
 	}
 	if len(a.timeShared()) > 0 {
-		setter := opts.TimeSlicer
-		if setter == nil {
-			path := opts.NvidiaSMI
-			if path == "" {
-				path = timeslice.DefaultNvidiaSMI
-			}
-			smi, err := timeslice.Find(path)
-			if err == nil {
-				setter = smi
-			}
-			a.noTimeSlicer = err
-		}
+		setter, err := timeSlicer(opts)
+		a.noTimeSlicer = err
 		if setter != nil {
 			a.timeSlices = timeslice.NewManager(setter, timeSliceRetry)
 		}
@@ -230,6 +220,24 @@ func (a *Agent) slicesOf(uuid string) int {
 // assigned to it, from one listing of the node's pods.
 func (a *Agent) allocated() map[string]int {
 	out := map[string]int{}
+	for uuid, t := range a.tenancy() {
+		out[uuid] = t.containers
+	}
+	return out
+}
+
+// gpuTenancy is what a GPU's tenants are, as the node's pods say.
+type gpuTenancy struct {
+	// containers assigned to the GPU.
+	containers int
+	// inference: one of them belongs to an unfinished inference pod.
+	inference bool
+}
+
+// tenancy walks this node's pods once, decoding each assignment: the slice
+// counts and the time-slice classes both come from it.
+func (a *Agent) tenancy() map[string]gpuTenancy {
+	out := map[string]gpuTenancy{}
 	if a.opts.NodePods == nil {
 		return out
 	}
@@ -238,9 +246,14 @@ func (a *Agent) allocated() map[string]int {
 		if err != nil || asg == nil || asg.Node != a.opts.Node {
 			continue
 		}
+		finished := p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed
+		w, _ := gpu.ParseWorkloadClass(p.Annotations[gpu.AnnotationWorkload])
 		for _, c := range asg.Containers {
 			for _, g := range c.GPUs {
-				out[g.UUID]++
+				t := out[g.UUID]
+				t.containers++
+				t.inference = t.inference || (!finished && w == gpu.WorkloadInference)
+				out[g.UUID] = t
 			}
 		}
 	}

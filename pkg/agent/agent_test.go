@@ -9,6 +9,7 @@ import (
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -246,7 +247,7 @@ func TestTimeSharedGPUsGetTheirClass(t *testing.T) {
 	if c := class(uuid0); c != timeslice.Long {
 		t.Fatalf("after the inference tenant left: GPU 0 %v", c)
 	}
-	if v := gauge(t, a, "tessera_gpu_timeslice_class", uuid0); v != float64(timeslice.Long) {
+	if v := testutil.ToFloat64(timeSliceClass.WithLabelValues("n1", uuid0)); v != float64(timeslice.Long) {
 		t.Fatalf("tessera_gpu_timeslice_class = %v", v)
 	}
 
@@ -263,7 +264,7 @@ func TestTimeSharedGPUsGetTheirClass(t *testing.T) {
 	if fail.calls != 8 {
 		t.Fatalf("%d nvidia-smi runs for 8 GPUs in 30 s", fail.calls)
 	}
-	if v := gauge(t, b, "tessera_gpu_timeslice_failures_total", uuid1); v < 1 {
+	if v := testutil.ToFloat64(timeSliceFailures.WithLabelValues("n1", uuid1)); v < 1 {
 		t.Fatalf("tessera_gpu_timeslice_failures_total = %v", v)
 	}
 	evs, err := client.EventsV1().Events("default").List(ctx, metav1.ListOptions{})
@@ -274,30 +275,4 @@ func TestTimeSharedGPUsGetTheirClass(t *testing.T) {
 	if fail.calls != 16 {
 		t.Fatalf("%d runs after the retry period; want 16", fail.calls)
 	}
-}
-
-// gauge reads one series of the agent's registry by its gpu label.
-func gauge(t *testing.T, a *Agent, name, uuid string) float64 {
-	t.Helper()
-	mfs, err := a.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "gpu" && l.GetValue() == uuid {
-					if m.Gauge != nil {
-						return m.GetGauge().GetValue()
-					}
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	t.Fatalf("no %s series for %s", name, uuid)
-	return 0
 }

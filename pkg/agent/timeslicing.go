@@ -11,8 +11,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
-	"github.com/tessera-gpu/tessera/pkg/gpu"
-	"github.com/tessera-gpu/tessera/pkg/podgpu"
 )
 
 // timeSliceRetry is how long a GPU whose class could not be set waits
@@ -44,13 +42,30 @@ func (a *Agent) timeShared() []string {
 	return out
 }
 
+// timeSlicer is how the agent sets time-slice classes: the one it was given,
+// else the driver's nvidia-smi (the error says why there is none).
+func timeSlicer(opts Options) (timeslice.Setter, error) {
+	if opts.TimeSlicer != nil {
+		return opts.TimeSlicer, nil
+	}
+	path := opts.NvidiaSMI
+	if path == "" {
+		path = timeslice.DefaultNvidiaSMI
+	}
+	smi, err := timeslice.Find(path)
+	if err != nil {
+		return nil, err
+	}
+	return smi, nil
+}
+
 // prepareTimeShared puts the time-shared GPUs in the default compute mode:
 // one left in exclusive-process mode (by an earlier MPS setup, or by hand)
 // would refuse every tenant's context but the first.
 func (a *Agent) prepareTimeShared(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	for _, d := range a.devices {
-		if d.MIGEnabled || a.MPS != nil || d.ComputeMode == gonvml.COMPUTEMODE_DEFAULT {
+		if d.MIGEnabled || d.ComputeMode == gonvml.COMPUTEMODE_DEFAULT {
 			continue
 		}
 		if err := a.gpus.SetComputeMode(d.UUID, gonvml.COMPUTEMODE_DEFAULT); err != nil {
@@ -65,29 +80,10 @@ func (a *Agent) prepareTimeShared(ctx context.Context) {
 // IO-bound length where any tenant is an inference pod, the compute-bound
 // one otherwise (and on a GPU with no tenant).
 func (a *Agent) wantedTimeSlices(gpus []string) map[string]timeslice.Class {
-	ioBound := map[string]bool{}
-	if a.opts.NodePods != nil {
-		for _, p := range a.opts.NodePods() {
-			if p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed {
-				continue
-			}
-			asg, err := podgpu.BoundAssignment(p)
-			if err != nil || asg == nil || asg.Node != a.opts.Node {
-				continue
-			}
-			if w, _ := gpu.ParseWorkloadClass(p.Annotations[gpu.AnnotationWorkload]); w != gpu.WorkloadInference {
-				continue
-			}
-			for _, c := range asg.Containers {
-				for _, g := range c.GPUs {
-					ioBound[g.UUID] = true
-				}
-			}
-		}
-	}
+	tenants := a.tenancy()
 	want := make(map[string]timeslice.Class, len(gpus))
 	for _, uuid := range gpus {
-		want[uuid] = timeslice.ClassOf(a.opts.Config.TimeSlice, ioBound[uuid])
+		want[uuid] = timeslice.ClassOf(a.opts.Config.TimeSlice, tenants[uuid].inference)
 	}
 	return want
 }

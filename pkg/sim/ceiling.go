@@ -84,6 +84,17 @@ func (t *Trace) CeilingOf(seed uint64, tune float64) Ceiling {
 	return c
 }
 
+// sizesOf lists the item sizes present, ascending, with their counts.
+func sizesOf(counts *[gpu.CoresPerGPU]int) (sizes, demand []int) {
+	for s, k := range counts {
+		if k > 0 && s > 0 {
+			sizes = append(sizes, s)
+			demand = append(demand, k)
+		}
+	}
+	return sizes, demand
+}
+
 // binsLowerBound is the L2 bound (Martello & Toth 1990) on the bins of
 // capacity 1000 that items of the given sizes (counts[s] items of size s)
 // need: for each threshold a ≤ 500, items above 1000−a each need a bin of
@@ -92,12 +103,7 @@ func (t *Trace) CeilingOf(seed uint64, tune float64) Ceiling {
 // leave them.
 func binsLowerBound(counts *[gpu.CoresPerGPU]int) int {
 	const c = gpu.CoresPerGPU
-	var sizes []int
-	for s, k := range counts {
-		if k > 0 && s > 0 {
-			sizes = append(sizes, s)
-		}
-	}
+	sizes, _ := sizesOf(counts)
 	if len(sizes) == 0 {
 		return 0
 	}
@@ -107,7 +113,6 @@ func binsLowerBound(counts *[gpu.CoresPerGPU]int) int {
 			thresholds = append(thresholds, s)
 		}
 	}
-	slices.Sort(thresholds)
 	best := 0
 	for _, a := range thresholds {
 		var big, mid, midRoom, small int64
@@ -153,14 +158,10 @@ type relaxation struct {
 }
 
 func (r *relaxation) bound(counts *[gpu.CoresPerGPU]int) int {
-	var sizes, demand []int
-	index := map[int]int{}
-	for s, k := range counts {
-		if k > 0 && s > 0 {
-			index[s] = len(sizes)
-			sizes = append(sizes, s)
-			demand = append(demand, k)
-		}
+	sizes, demand := sizesOf(counts)
+	index := make(map[int]int, len(sizes))
+	for i, s := range sizes {
+		index[s] = i
 	}
 	m := len(sizes)
 	if m == 0 {
