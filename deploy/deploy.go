@@ -1,5 +1,6 @@
 // Package deploy embeds the shipped manifests, so that the playground runs
-// the scheduler configuration and PriorityClasses a cluster would get.
+// the scheduler configuration, PriorityClasses, RBAC and admission policies
+// a cluster would get.
 package deploy
 
 import (
@@ -10,6 +11,7 @@ import (
 	"strings"
 
 	schedulingv1 "k8s.io/api/scheduling/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 )
 
@@ -46,6 +48,55 @@ func ShippedPriorityClasses() ([]schedulingv1.PriorityClass, error) {
 		}
 		if pc.Name != "" {
 			out = append(out, pc)
+		}
+	}
+}
+
+// AdmissionPolicies is admission-policies.yaml: the ValidatingAdmissionPolicies
+// (and their bindings) that keep Tessera's annotations to the identities that
+// own them and GPU pods inside their slices.
+//
+//go:embed admission-policies.yaml
+var AdmissionPolicies string
+
+// SchedulerRBAC is tessera-scheduler-rbac.yaml: tessera-scheduler's service
+// account and roles.
+//
+//go:embed tessera-scheduler-rbac.yaml
+var SchedulerRBAC string
+
+// Agent is tessera-agent.yaml: the namespace, the agent's service account,
+// roles and DaemonSet.
+//
+//go:embed tessera-agent.yaml
+var Agent string
+
+// The identities the admission policies trust, as the API server names the
+// service accounts' users.
+const (
+	Namespace     = "tessera-system"
+	SchedulerUser = "system:serviceaccount:" + Namespace + ":tessera-scheduler"
+	AgentUser     = "system:serviceaccount:" + Namespace + ":tessera-agent"
+	// NodeNameExtra is the user's extra info that a service-account token
+	// bound to a pod carries: the pod's node. The policies let an agent
+	// write only that node.
+	NodeNameExtra = "authentication.kubernetes.io/node-name"
+)
+
+// Objects decodes a multi-document manifest into its objects, skipping
+// empty documents.
+func Objects(manifest string) ([]*unstructured.Unstructured, error) {
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(manifest), 4096)
+	var out []*unstructured.Unstructured
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); errors.Is(err, io.EOF) {
+			return out, nil
+		} else if err != nil {
+			return nil, fmt.Errorf("object %d: %w", len(out)+1, err)
+		}
+		if len(u.Object) != 0 {
+			out = append(out, u)
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -67,6 +68,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		mpsBinary    = fs.String("mps-control", mps.DefaultBinary, "the MPS control program")
 		allowNoGPU   = fs.Bool("allow-no-gpu", false, "run as an empty node when NVML cannot load, instead of exiting")
 		nvidiaSMI    = fs.String("nvidia-smi", timeslice.DefaultNvidiaSMI, "the driver's nvidia-smi, which sets time-shared GPUs' time-slice class")
+		schedulers   = fs.String("scheduler-names", strings.Join(deviceplugin.DefaultSchedulerNames, ","), "the scheduler profiles that run TesseraGPU, comma-separated: an assignment on a pod naming another scheduler is refused")
 		noticeRoot   = fs.String("preemption-dir", "/run/tessera/preemption", "holds each pod's preemption notice directory, mounted into its GPU containers (empty: no preemption notices)")
 	)
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
@@ -86,6 +88,16 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "tessera-agent: %s: %v\n", *configPath, err)
 			return exitUsage
 		}
+	}
+	var schedulerNames []string
+	for _, n := range strings.Split(*schedulers, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			schedulerNames = append(schedulerNames, n)
+		}
+	}
+	if len(schedulerNames) == 0 {
+		fmt.Fprintf(stderr, "tessera-agent: --scheduler-names %q names no scheduler profile; the default is %s\n", *schedulers, strings.Join(deviceplugin.DefaultSchedulerNames, ","))
+		return exitUsage
 	}
 	if *node == "" {
 		fmt.Fprintln(stderr, "tessera-agent: --node (or $NODE_NAME, from the downward API) is required")
@@ -114,7 +126,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 
 	a, err := agent.New(agent.Options{
 		Node: *node, Config: cfg, Client: client, NVML: newNVML(), AllowNoGPU: *allowNoGPU,
-		MPS: *useMPS, MPSBinary: *mpsBinary, MPSRoot: *mpsRoot,
+		MPS: *useMPS, MPSBinary: *mpsBinary, MPSRoot: *mpsRoot, SchedulerNames: schedulerNames,
 		Holder: deviceplugin.PodResourcesHolder{Client: podresourcesapi.NewPodResourcesListerClient(conn)},
 		Pods:   nodePods.Get, CDIDir: *cdiDir, ProcRoot: *procRoot, NodePods: nodePods.List, NoticeRoot: *noticeRoot,
 		NvidiaSMI: *nvidiaSMI,

@@ -46,6 +46,7 @@ func TestStartupErrors(t *testing.T) {
 	}{
 		{"bad config names the field", []string{"--node", "n1", "--kubeconfig", kc, "--config", bad}, exitUsage, "health.quietPeriod: invalid value -5s"},
 		{"no node", []string{"--kubeconfig", kc}, exitUsage, "--node"},
+		{"no scheduler profile", []string{"--node", "n1", "--kubeconfig", kc, "--scheduler-names", " , "}, exitUsage, "--scheduler-names \" , \" names no scheduler profile"},
 		{"no driver", []string{"--node", "n1", "--kubeconfig", kc, "--pod-resources-socket", filepath.Join(dir, "pr.sock")}, exitNoDriver, "no NVIDIA driver"},
 		{"unknown flag", []string{"--gpus", "8"}, exitUsage, "flag provided but not defined"},
 	} {

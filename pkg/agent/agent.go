@@ -56,6 +56,10 @@ type Options struct {
 	MPS       bool
 	MPSBinary string
 	MPSRoot   string
+	// SchedulerNames are the scheduler profiles that run TesseraGPU
+	// (deviceplugin.DefaultSchedulerNames when empty); assignments on pods
+	// naming another scheduler are refused.
+	SchedulerNames []string
 	// Holder and Pods serve the device plugin's PreStartContainer.
 	Holder deviceplugin.Holder
 	Pods   deviceplugin.Pods
@@ -164,7 +168,7 @@ func New(opts Options) (*Agent, error) {
 	if opts.NoticeRoot != "" {
 		noticeDir = a.NoticeDir
 	}
-	a.Plugin = deviceplugin.New(deviceplugin.Config{Node: opts.Node, Holder: opts.Holder, Pods: opts.Pods, PipeDir: pipe, CDIDir: opts.CDIDir, NoticeDir: noticeDir})
+	a.Plugin = deviceplugin.New(deviceplugin.Config{Node: opts.Node, SchedulerNames: opts.SchedulerNames, Holder: opts.Holder, Pods: opts.Pods, PipeDir: pipe, CDIDir: opts.CDIDir, NoticeDir: noticeDir})
 	if a.gpus != nil {
 		var res *tenants.Resolver
 		if opts.NodePods != nil {

@@ -131,7 +131,7 @@ func startEtcd(dir string) (*embed.Etcd, error) {
 // one-machine cluster needs: a self-signed serving certificate, a fresh
 // service-account key, and no admission plugin that waits for a controller
 // this playground does not run (the token controller, the node lifecycle
-// controller that lifts the not-ready taint).
+// controller that lifts the not-ready taint), and RBAC authorization.
 func (cp *controlPlane) startAPIServer(ctx context.Context, dir, etcdAddr string) error {
 	certDir := filepath.Join(dir, "apiserver")
 	if err := os.MkdirAll(certDir, 0o700); err != nil {
@@ -184,6 +184,9 @@ func (cp *controlPlane) startAPIServer(ctx context.Context, dir, etcdAddr string
 		"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
 		// As kubeadm and managed clusters set it: node agents run privileged.
 		"--allow-privileged=true",
+		// As a cluster authorizes: the scheduler and the agents act as their
+		// service accounts, with the shipped RBAC.
+		"--authorization-mode=RBAC",
 	}); err != nil {
 		l.Close()
 		return err

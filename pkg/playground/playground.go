@@ -179,6 +179,11 @@ func Up(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return nil, err
 	}
 	logger.V(1).Info("Control plane up", "server", c.Config.Host)
+	// Guarded as a cluster with Tessera installed is: the admission
+	// policies and the components' RBAC, before any component starts.
+	if err := Guard(ctx, c.Config); err != nil {
+		return nil, fmt.Errorf("admission policies: %w", err)
+	}
 	if err := createPriorityClasses(ctx, c.Client); err != nil {
 		return nil, err
 	}
@@ -204,15 +209,16 @@ func Up(ctx context.Context, opts Options) (c *Cluster, err error) {
 	return c, nil
 }
 
-// WriteKubeconfig writes a kubeconfig for cfg: server, CA, and whichever
+// WriteKubeconfig writes a kubeconfig for cfg: server, CA, whichever
 // credentials cfg carries (the loopback token here; client certificates
-// elsewhere).
+// elsewhere) and the identity it impersonates, if any.
 func WriteKubeconfig(cfg *rest.Config, path string) error {
 	kc := clientcmdapi.NewConfig()
 	kc.Clusters["tessera"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthority: cfg.CAFile, CertificateAuthorityData: cfg.CAData,
 		TLSServerName: cfg.ServerName, InsecureSkipTLSVerify: cfg.Insecure}
 	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{Token: cfg.BearerToken, ClientCertificate: cfg.CertFile, ClientKey: cfg.KeyFile,
-		ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
+		ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData,
+		Impersonate: cfg.Impersonate.UserName, ImpersonateGroups: cfg.Impersonate.Groups, ImpersonateUserExtra: cfg.Impersonate.Extra}
 	kc.Contexts["tessera-playground"] = &clientcmdapi.Context{Cluster: "tessera", AuthInfo: "admin", Namespace: metav1.NamespaceDefault}
 	kc.CurrentContext = "tessera-playground"
 	return clientcmd.WriteToFile(*kc, path)
@@ -244,8 +250,14 @@ func (c *Cluster) startScheduler(ctx context.Context) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
+	// tessera-scheduler acts as its service account, so the admission
+	// policies and RBAC treat it as they would in a cluster.
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := WriteKubeconfig(As(c.Config, deploy.SchedulerUser, nil), kubeconfig); err != nil {
+		return err
+	}
 	path := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(path, []byte(schedulerConfig(c.Kubeconfig)), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(schedulerConfig(kubeconfig)), 0o600); err != nil {
 		return err
 	}
 	ports, err := freePorts(1)
@@ -259,7 +271,7 @@ func (c *Cluster) startScheduler(ctx context.Context) error {
 	}
 	if err := fs.Parse([]string{"--config", path,
 		"--bind-address", "127.0.0.1", "--secure-port", fmt.Sprint(ports[0]), "--cert-dir", dir,
-		"--authentication-kubeconfig", c.Kubeconfig, "--authorization-kubeconfig", c.Kubeconfig,
+		"--authentication-kubeconfig", kubeconfig, "--authorization-kubeconfig", kubeconfig,
 		"--authorization-always-allow-paths", "/healthz,/readyz,/livez,/metrics",
 	}); err != nil {
 		return err
@@ -331,15 +343,21 @@ func (c *Cluster) startNode(ctx context.Context, opts Options, i int, mpsControl
 	}
 
 	// What cmd/tessera-agent builds on a node: the node's pods from an
-	// informer, the holder of slots from kubelet's pod-resources socket.
-	nodePods := agent.WatchNodePods(c.Client, name)
+	// informer, the holder of slots from kubelet's pod-resources socket;
+	// all as the agent's service account with a token bound to this node.
+	agentClient, err := kubernetes.NewForConfig(AsAgent(c.Config, name))
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	nodePods := agent.WatchNodePods(agentClient, name)
 	if n.conn, err = grpc.NewClient("unix://"+n.kubelet.podResourcesSocket(), grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
 		cancel()
 		return nil, err
 	}
 	cfg := config.Default()
 	n.agent, err = agent.New(agent.Options{
-		Node: name, Config: cfg, Client: c.Client, NVML: srv,
+		Node: name, Config: cfg, Client: agentClient, NVML: srv,
 		MPS: n.MPS, MPSBinary: mpsControl, MPSRoot: n.MPSRoot,
 		Holder: deviceplugin.PodResourcesHolder{Client: podresourcesapi.NewPodResourcesListerClient(n.conn)},
 		Pods:   nodePods.Get, CDIDir: n.CDIDir, ProcRoot: procRoot, NodePods: nodePods.List,

@@ -371,8 +371,15 @@ func (c *Controller) lastLog(ctx context.Context, pod *v1.Pod, container string)
 	return string(b)
 }
 
+// ensureNamespace creates RecordNamespace where it is missing. It looks
+// first: the shipped RBAC lets the scheduler read namespaces, not create
+// them (the manifests create tessera-system).
 func (c *Controller) ensureNamespace(ctx context.Context) error {
-	_, err := c.client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: RecordNamespace}}, metav1.CreateOptions{})
+	_, err := c.client.CoreV1().Namespaces().Get(ctx, RecordNamespace, metav1.GetOptions{})
+	if !apierrors.IsNotFound(err) {
+		return err
+	}
+	_, err = c.client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: RecordNamespace}}, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		return nil
 	}

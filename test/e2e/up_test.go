@@ -21,16 +21,20 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 
+	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
 	"github.com/tessera-gpu/tessera/pkg/agent/mps/mpssim"
 	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/inventory"
 	"github.com/tessera-gpu/tessera/pkg/playground"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
 	"github.com/tessera-gpu/tessera/pkg/preemption"
@@ -354,24 +358,35 @@ func TestPlayground(t *testing.T) {
 		t.Errorf("%d tenants with live usage, want 5:\n%s", live, sb.String())
 	}
 
-	// A pod bound to a node without tessera-scheduler has no assignment:
-	// the agent refuses its slots and kubelet shows why.
+	// A GPU pod that names its node itself is refused at admission, as a
+	// guarded cluster refuses it.
 	rogue := playground.PodSpec{Name: "rogue", GPUs: 1, MemoryMiB: 4096, Cores: 10}.Pod(ns)
 	rogue.Spec.NodeName = c.Nodes[2].Name
-	if _, err := client.CoreV1().Pods(ns).Create(context.Background(), rogue, metav1.CreateOptions{}); err != nil {
+	if _, err := client.CoreV1().Pods(ns).Create(context.Background(), rogue, metav1.CreateOptions{}); !apierrors.IsForbidden(err) ||
+		!strings.Contains(err.Error(), "ValidatingAdmissionPolicy 'tessera-gpu-pod-node-name'") {
+		t.Fatalf("GPU pod naming its node: %v, want refused by tessera-gpu-pod-node-name", err)
+	}
+	// Past admission, the agent is the second guard. A pod of no Tessera
+	// profile, bound by an administrator without an assignment: the agent
+	// refuses its slots and kubelet shows why.
+	rogue.Spec.NodeName, rogue.Spec.SchedulerName = "", "elsewhere"
+	refused(t, client, rogue, c.Nodes[2].Name, nil, c.Config, deviceplugin.ErrNoAssignment)
+	// The same, bound with an assignment by tessera-scheduler's own
+	// identity (a trusted writer gone wrong): not a Tessera profile's pod,
+	// so the assignment is not honoured.
+	inv, err := inventory.FromNode(mustNode(t, client, c.Nodes[2].Name))
+	if err != nil || inv == nil {
+		t.Fatalf("inventory of %s: %v", c.Nodes[2].Name, err)
+	}
+	forged := playground.PodSpec{Name: "forged", GPUs: 1, MemoryMiB: 4096, Cores: 10}.Pod(ns)
+	forged.Spec.SchedulerName = "elsewhere"
+	a, err := gpu.EncodeAssignment(&gpu.PodAssignment{Node: c.Nodes[2].Name, Containers: []gpu.ContainerAssignment{{Name: forged.Spec.Containers[0].Name,
+		Mode: gpu.ModeTimeSlicing, GPUs: []gpu.GPUGrant{{UUID: inv.GPUs[0].UUID, Index: inv.GPUs[0].Index, MemoryMiB: 4096, CoresPerMille: 100}}}}})
+	if err != nil {
 		t.Fatal(err)
 	}
-	err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
-		p, err := client.CoreV1().Pods(ns).Get(ctx, "rogue", metav1.GetOptions{})
-		if err != nil || len(p.Status.ContainerStatuses) == 0 || p.Status.ContainerStatuses[0].State.Waiting == nil {
-			return false, nil
-		}
-		return strings.Contains(p.Status.ContainerStatuses[0].State.Waiting.Message, deviceplugin.ErrNoAssignment.Error()), nil
-	})
-	if err != nil {
-		p, _ := client.CoreV1().Pods(ns).Get(context.Background(), "rogue", metav1.GetOptions{})
-		t.Fatalf("rogue pod not refused with a reason: %+v", p.Status)
-	}
+	refused(t, client, forged, c.Nodes[2].Name, map[string]string{gpu.AnnotationAssignment: a},
+		playground.As(c.Config, deploy.SchedulerUser, nil), deviceplugin.ErrNotTesseraScheduled)
 
 	// Deletion: kubelet stops the pod, releases its slots, removes it.
 	tsNode := byNode[pods["ts"].Spec.NodeName]
@@ -466,4 +481,40 @@ func TestFiftyPodsOnOneNode(t *testing.T) {
 			t.Errorf("%s (cores %d on %s) got %v", s.Name, s.Cores, a.Containers[0].GPUs[0].UUID, env)
 		}
 	}
+}
+
+// refused creates pod, binds it to node as binder's user with the binding's
+// annotations, and waits until kubelet shows the agent's refusal of its GPU
+// slots (want) on the pod.
+func refused(t *testing.T, client kubernetes.Interface, pod *v1.Pod, node string, annotations map[string]string, binder *rest.Config, want error) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := client.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	b := &v1.Binding{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, Annotations: annotations},
+		Target: v1.ObjectReference{Kind: "Node", Name: node}}
+	if err := kubernetes.NewForConfigOrDie(binder).CoreV1().Pods(pod.Namespace).Bind(ctx, b, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("bind %s: %v", pod.Name, err)
+	}
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		p, err := client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil || len(p.Status.ContainerStatuses) == 0 || p.Status.ContainerStatuses[0].State.Waiting == nil {
+			return false, nil
+		}
+		return strings.Contains(p.Status.ContainerStatuses[0].State.Waiting.Message, want.Error()), nil
+	})
+	if err != nil {
+		p, _ := client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		t.Fatalf("%s not refused with %q: %+v", pod.Name, want, p.Status)
+	}
+}
+
+func mustNode(t *testing.T, client kubernetes.Interface, name string) *v1.Node {
+	t.Helper()
+	n, err := client.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

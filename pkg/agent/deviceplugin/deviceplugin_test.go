@@ -160,7 +160,7 @@ func gpuPod(t testing.TB, i int, a *gpu.PodAssignment) *v1.Pod {
 	t.Helper()
 	p := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: fmt.Sprintf("p%02d", i), UID: types.UID(fmt.Sprintf("uid-%02d", i)), Annotations: map[string]string{}},
-		Spec: v1.PodSpec{NodeName: node, Containers: []v1.Container{{Name: "main", Resources: v1.ResourceRequirements{
+		Spec: v1.PodSpec{NodeName: node, SchedulerName: "tessera-scheduler", Containers: []v1.Container{{Name: "main", Resources: v1.ResourceRequirements{
 			Limits: v1.ResourceList{v1.ResourceName(deviceplugin.ResourceName): *resource.NewQuantity(int64(len(a.Containers[0].GPUs)), resource.DecimalSI)}}}}},
 	}
 	if a != nil {
@@ -369,6 +369,19 @@ func TestWithKubeletDeviceManager(t *testing.T) {
 	}
 	if _, err := k.m.GetDeviceRunContainerOptions(ctx, stray, &stray.Spec.Containers[0]); err == nil || !strings.Contains(err.Error(), "no Tessera GPU assignment") {
 		t.Fatalf("stray pod: %v, want a refusal naming the missing assignment", err)
+	}
+	// An assignment on a pod no Tessera profile scheduled is not honoured,
+	// whoever wrote it: the refusal names the scheduler.
+	other := gpuPod(t, 98, assignment(1))
+	other.Spec.SchedulerName = "default-scheduler"
+	k.admit(other)
+	if err := k.m.Allocate(ctx, other, &other.Spec.Containers[0], lifecycle.AddOperation); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.m.GetDeviceRunContainerOptions(ctx, other, &other.Spec.Containers[0]); err == nil ||
+		!strings.Contains(err.Error(), `names spec.schedulerName "default-scheduler", not one of tessera-scheduler`) ||
+		!strings.Contains(err.Error(), deviceplugin.ErrNotTesseraScheduled.Error()) {
+		t.Fatalf("pod of another scheduler: %v, want a refusal naming its scheduler", err)
 	}
 
 	// Kubelet restarts: a new device manager on a new socket. The plugin

@@ -78,12 +78,13 @@ type NoticeDir func(podUID string) string
 type Plugin struct {
 	pluginapi.UnimplementedDevicePluginServer
 
-	node      string
-	holder    Holder
-	pods      Pods
-	pipeDir   PipeDir
-	cdiDir    string
-	noticeDir NoticeDir
+	node       string
+	schedulers []string
+	holder     Holder
+	pods       Pods
+	pipeDir    PipeDir
+	cdiDir     string
+	noticeDir  NoticeDir
 
 	mu      sync.Mutex
 	gpus    []GPUSlots
@@ -93,10 +94,14 @@ type Plugin struct {
 
 // Config is what a Plugin needs.
 type Config struct {
-	Node    string
-	Holder  Holder
-	Pods    Pods
-	PipeDir PipeDir
+	Node string
+	// SchedulerNames are the scheduler profiles that run TesseraGPU
+	// (DefaultSchedulerNames when empty): an assignment on a pod naming
+	// another scheduler is not trusted.
+	SchedulerNames []string
+	Holder         Holder
+	Pods           Pods
+	PipeDir        PipeDir
 	// CDIDir is where slot specs are written (/var/run/cdi on a node).
 	CDIDir string
 	// NoticeDir, when set, gives every GPU container its pod's preemption
@@ -104,9 +109,17 @@ type Config struct {
 	NoticeDir NoticeDir
 }
 
+// DefaultSchedulerNames is tessera-scheduler's shipped profile
+// (deploy/scheduler-config.yaml).
+var DefaultSchedulerNames = []string{"tessera-scheduler"}
+
 // New returns a plugin advertising nothing until SetGPUs.
 func New(c Config) *Plugin {
-	return &Plugin{node: c.Node, holder: c.Holder, pods: c.Pods, pipeDir: c.PipeDir, cdiDir: c.CDIDir, noticeDir: c.NoticeDir, changed: make(chan struct{})}
+	schedulers := c.SchedulerNames
+	if len(schedulers) == 0 {
+		schedulers = DefaultSchedulerNames
+	}
+	return &Plugin{node: c.Node, schedulers: schedulers, holder: c.Holder, pods: c.Pods, pipeDir: c.PipeDir, cdiDir: c.CDIDir, noticeDir: c.NoticeDir, changed: make(chan struct{})}
 }
 
 // SetGPUs replaces what is advertised; ListAndWatch streams the change to
@@ -230,6 +243,11 @@ func (p *Plugin) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*p
 // for another node.
 var ErrNoAssignment = errors.New("no Tessera GPU assignment covers this container")
 
+// ErrNotTesseraScheduled says a pod carries an assignment but names a
+// scheduler that does not run TesseraGPU: whoever wrote the assignment, no
+// Tessera scheduler booked it, so the agent does not honour it.
+var ErrNotTesseraScheduled = errors.New("the pod was not scheduled by a Tessera profile, so its assignment is not honoured")
+
 // PreStartContainer finds the container holding the slots and writes their
 // CDI spec from its pod's assignment.
 func (p *Plugin) PreStartContainer(ctx context.Context, req *pluginapi.PreStartContainerRequest) (*pluginapi.PreStartContainerResponse, error) {
@@ -261,6 +279,10 @@ func (p *Plugin) editsFor(ns, name, container string, slots int) (Edits, error) 
 	}
 	if a == nil || a.Node != p.node {
 		return Edits{}, fmt.Errorf("pod %s/%s (bound to %q) was not placed here by tessera-scheduler: %w", ns, name, pod.Spec.NodeName, ErrNoAssignment)
+	}
+	if !slices.Contains(p.schedulers, pod.Spec.SchedulerName) {
+		return Edits{}, fmt.Errorf("pod %s/%s names spec.schedulerName %q, not one of %s: %w",
+			ns, name, pod.Spec.SchedulerName, strings.Join(p.schedulers, ", "), ErrNotTesseraScheduled)
 	}
 	for _, c := range a.Containers {
 		if c.Name != container {
