@@ -265,6 +265,7 @@ func TestAdmissionPolicies(t *testing.T) {
 			t.Logf("%s (as %s): %v", s.name, s.as, err)
 		}
 	}
+	t.Logf("%d requests sent", len(steps))
 	// What passed did what it said.
 	placed, err := c.client.CoreV1().Pods(ns).Get(c.ctx, "placed", metav1.GetOptions{})
 	if err != nil {
