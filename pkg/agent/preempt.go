@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/pkg/agent/reclaim"
+	"github.com/tessera-gpu/tessera/pkg/agent/tenantdir"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
 	"github.com/tessera-gpu/tessera/pkg/preemption"
@@ -60,7 +62,11 @@ func (a *Agent) preemptionPass(ctx context.Context, now time.Time) {
 		}
 		a.trackVictim(ctx, p, n)
 		if _, done := p.Annotations[preemption.AnnotationCheckpointed]; !done {
-			if _, err := os.Stat(filepath.Join(a.NoticeDir(string(p.UID)), preemption.CheckpointedFile)); err == nil {
+			// The tenant writes this directory: look at the entry itself,
+			// never through a link it placed there.
+			if saved, err := tenantdir.HasFile(a.NoticeDir(string(p.UID)), preemption.CheckpointedFile); err != nil {
+				logger.Error(err, "Could not look for a victim's checkpoint", "pod", klog.KObj(p))
+			} else if saved {
 				patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, preemption.AnnotationCheckpointed, now.UTC().Format(time.RFC3339Nano))
 				if _, err := a.opts.Client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 					logger.Error(err, "Could not report a victim's checkpoint", "pod", klog.KObj(p))
@@ -118,7 +124,9 @@ func (a *Agent) trackVictim(ctx context.Context, p *v1.Pod, n *preemption.Notice
 	dir := a.NoticeDir(string(p.UID))
 	b, _ := json.Marshal(n)
 	if err := os.MkdirAll(dir, 0o777); err == nil {
-		err = os.WriteFile(filepath.Join(dir, preemption.NoticeFile), b, 0o644)
+		// The victim's containers can write dir: a link they placed at
+		// the notice's name is replaced, never written through.
+		err = tenantdir.WriteFile(dir, preemption.NoticeFile, b, 0o644)
 		if err == nil {
 			klog.FromContext(ctx).Info("Preemption notice delivered", "pod", klog.KObj(p), "deadline", n.Deadline, "preemptor", n.Preemptor)
 			go a.notifyWorkload(ctx, p, b)
@@ -169,22 +177,44 @@ func (a *Agent) notifyWorkload(ctx context.Context, p *v1.Pod, notice []byte) {
 	if target == "" {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(notice))
 	if err != nil {
 		logger.Error(err, "Not calling the preemption victim")
 		return
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := workloadClient.Do(req)
 	if err != nil {
 		logger.Error(err, "Calling the preemption victim failed", "url", target)
 		return
 	}
+	// The answer is the pod's: read a little of it, never all.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxWorkloadAnswer))
 	resp.Body.Close()
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		logger.Info("The preemption victim answered with a redirect, which the agent does not follow", "url", target, "status", resp.Status)
+		return
+	}
 	logger.Info("Called the preemption victim", "url", target, "status", resp.Status)
 }
+
+// workloadClient calls a pod's checkpoint URL. The pod chooses the port,
+// the path and the answer, so: no redirects (a 3xx would have the agent
+// POST wherever the pod says), no proxy from the agent's environment, and a
+// short deadline for the whole exchange.
+var workloadClient = &http.Client{
+	Timeout:       5 * time.Second,
+	CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	Transport: &http.Transport{
+		Proxy:                  nil,
+		DisableKeepAlives:      true,
+		ResponseHeaderTimeout:  5 * time.Second,
+		MaxResponseHeaderBytes: 16 << 10,
+	},
+}
+
+// maxWorkloadAnswer bounds what the agent reads of a pod's answer.
+const maxWorkloadAnswer = 4 << 10
 
 // reclaimVictim makes sure no process of a victim that left holds its GPUs,
 // then lists it as reclaimed in the inventory, which lets the scheduler give

@@ -120,3 +120,80 @@ func TestNoticeReachesTheWorkload(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestNoticeTrustsNothingThePodPlaced: the victim's containers can write its
+// notice directory and choose what its checkpoint URL answers. A symlink
+// placed at the notice's name is replaced, not written through (the agent
+// runs as root on the host); one at the checkpoint marker's name is no
+// checkpoint; a redirect from the pod is not followed.
+func TestNoticeTrustsNothingThePodPlaced(t *testing.T) {
+	const uid = "5b0f8f4e-1111-4e0f-9a55-6f7b2f2bb1de"
+	srv := dgxh100.New()
+	nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{SMCount: 132} })
+	uuid0, _ := srv.Devices[0].GetUUID()
+
+	hostDir := t.TempDir()
+	hostFile := filepath.Join(hostDir, "shadow")
+	if err := os.WriteFile(hostFile, []byte("root:x:0:0"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	noticeRoot := t.TempDir()
+	dir := filepath.Join(noticeRoot, uid)
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(hostFile, filepath.Join(dir, preemption.NoticeFile)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(hostFile, filepath.Join(dir, preemption.CheckpointedFile)); err != nil {
+		t.Fatal(err)
+	}
+
+	elsewhere := make(chan string, 1)
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { elsewhere <- r.Method + " " + r.URL.Path }))
+	defer target.Close()
+	answered := make(chan struct{}, 1)
+	pod := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, target.URL+"/admin/delete-everything", http.StatusTemporaryRedirect)
+		answered <- struct{}{}
+	}))
+	defer pod.Close()
+	_, port, _ := net.SplitHostPort(pod.Listener.Addr().String())
+
+	n := &preemption.Notice{Preemptor: "prod/urgent", Node: "n1", NoticeAt: time.Now(), Deadline: time.Now().Add(time.Minute)}
+	asg, _ := gpu.EncodeAssignment(&gpu.PodAssignment{Node: "n1", Containers: []gpu.ContainerAssignment{{Name: "main", Mode: gpu.ModeExclusive,
+		GPUs: []gpu.GPUGrant{{UUID: uuid0, MemoryMiB: 81920, CoresPerMille: 1000}}}}})
+	victim := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: "lab", UID: uid, Annotations: map[string]string{
+		gpu.AnnotationAssignment: asg, preemption.AnnotationNotice: n.Encode(), preemption.AnnotationURL: "http://:" + port + "/checkpoint",
+	}}, Spec: v1.PodSpec{NodeName: "n1"}, Status: v1.PodStatus{Phase: v1.PodRunning, PodIP: "127.0.0.1"}}
+	client := newNode()
+	a, err := New(Options{Node: "n1", Config: config.Default(), Client: client, NVML: srv, CDIDir: t.TempDir(),
+		ProcRoot: t.TempDir(), NodePods: func() []*v1.Pod { return []*v1.Pod{victim} }, NoticeRoot: noticeRoot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.preemptionPass(context.Background(), time.Now())
+
+	if b, _ := os.ReadFile(hostFile); string(b) != "root:x:0:0" {
+		t.Fatalf("the host file behind the pod's symlink now holds %q", b)
+	}
+	fi, err := os.Lstat(filepath.Join(dir, preemption.NoticeFile))
+	if err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("notice is %v (%v), want a regular file in place of the symlink", fi, err)
+	}
+	for _, act := range client.Actions() {
+		if act.GetVerb() == "patch" && act.GetResource().Resource == "pods" {
+			t.Fatalf("a symlink at %s was reported as a checkpoint: %v", preemption.CheckpointedFile, act)
+		}
+	}
+	select {
+	case <-answered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the pod's checkpoint URL was not called")
+	}
+	select {
+	case got := <-elsewhere:
+		t.Fatalf("the agent followed the pod's redirect: %s", got)
+	case <-time.After(300 * time.Millisecond):
+	}
+}
