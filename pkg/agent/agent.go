@@ -168,7 +168,13 @@ func New(opts Options) (*Agent, error) {
 	if opts.NoticeRoot != "" {
 		noticeDir = a.NoticeDir
 	}
-	a.Plugin = deviceplugin.New(deviceplugin.Config{Node: opts.Node, SchedulerNames: opts.SchedulerNames, Holder: opts.Holder, Pods: opts.Pods, PipeDir: pipe, CDIDir: opts.CDIDir, NoticeDir: noticeDir})
+	dpc := deviceplugin.Config{Node: opts.Node, SchedulerNames: opts.SchedulerNames, Holder: opts.Holder, Pods: opts.Pods, PipeDir: pipe, CDIDir: opts.CDIDir, NoticeDir: noticeDir}
+	if opts.NodePods != nil {
+		// Every assignment is checked against this node's GPUs and what
+		// was granted before it, whoever wrote it.
+		dpc.Inventory, dpc.NodePods, dpc.MemoryOversubscription = a.publishedGPUs, opts.NodePods, opts.Config.Allocator.MemoryOversubscription
+	}
+	a.Plugin = deviceplugin.New(dpc)
 	if a.gpus != nil {
 		var res *tenants.Resolver
 		if opts.NodePods != nil {
@@ -286,6 +292,18 @@ func (a *Agent) Inventory(now time.Time) *gpu.NodeInventory {
 	}
 	inv.Reclaimed = a.reclaimedList()
 	return inv
+}
+
+// publishedGPUs is the inventory last published (its GPUs, not CPU and
+// memory), or nil before the first.
+func (a *Agent) publishedGPUs() *gpu.NodeInventory {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.published == nil {
+		return nil
+	}
+	inv := *a.published
+	return &inv
 }
 
 // Refresh publishes the inventory and the device plugin's slots when they

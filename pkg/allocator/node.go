@@ -211,6 +211,34 @@ func (n *Node) AddAssignment(a *gpu.PodAssignment, cpuMilli, memMiB int64, overs
 	return nil
 }
 
+// ForceAssignment books an assignment that AddAssignment refuses because
+// the node changed under it (a GPU smaller, fewer slices, one gone): the
+// pod is running there, so its grants stay counted and the GPU is over-full
+// — no placement finds room on it — until the pod leaves. Grants on GPUs the
+// node no longer has count nowhere (RemoveAssignment skips them too). A
+// GPU's mode stays the one it had.
+func (n *Node) ForceAssignment(a *gpu.PodAssignment, cpuMilli, memMiB int64) {
+	for _, c := range a.Containers {
+		m, err := modeOf(c.Mode)
+		for _, g := range c.GPUs {
+			i := n.gpuByUUID(g.UUID)
+			if i < 0 {
+				continue
+			}
+			u := &n.GPUs[i].use
+			u.mem += g.MemoryMiB
+			u.cores += int32(g.CoresPerMille)
+			u.tenants++
+			if u.mode == modeNone && err == nil {
+				u.mode = m
+			}
+		}
+	}
+	n.CPUUsed += cpuMilli
+	n.MemUsed += memMiB
+	n.Version++
+}
+
 // RemoveAssignment undoes AddAssignment.
 func (n *Node) RemoveAssignment(a *gpu.PodAssignment, cpuMilli, memMiB int64) {
 	for _, c := range a.Containers {

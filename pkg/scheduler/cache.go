@@ -86,6 +86,10 @@ type podRecord struct {
 	// booked until then (or the reclaim timeout), since it was seen gone.
 	awaitingReclaim bool
 	goneAt          time.Time
+	// refused: AddBound found the assignment over its node's limits when
+	// the pod was first seen bound, so it was never counted (the agent
+	// refuses it too).
+	refused bool
 }
 
 // NewCache returns an empty cache whose GPUs may hold up to oversub times
@@ -100,15 +104,19 @@ const goneTTL = 10 * time.Minute
 
 // SetNode installs or replaces a node's inventory. A new inventory (more
 // GPUs, a GPU turned unhealthy) rebuilds the node's usage from the pods booked
-// on it. Bookings that no longer fit (a GPU vanished) stay recorded but
-// unbooked, and are returned so the caller can report them.
+// on it. A booking that no longer fits (a GPU smaller or gone, fewer slices)
+// is never dropped: its pod is running there, so it is counted anyway
+// (allocator.Node.ForceAssignment) and the GPU stays over-full, taking
+// nothing new, until the pod leaves. Those pods are returned so the caller
+// can report them. Assignments AddBound refused (they never fit: a forged
+// or corrupted record) are tried again, and stay uncounted unless they fit.
 func (c *Cache) SetNode(raw string, inv *gpu.NodeInventory) ([]string, error) {
 	n, err := allocator.NewNode(inv)
 	if err != nil {
 		return nil, err
 	}
 	n.CPUMilli, n.MemoryMiB = unlimited, unlimited
-	var unbooked []string
+	var overfull []string
 	c.mu.Lock()
 	if old, ok := c.nodes[inv.Node]; ok && old.raw == raw {
 		c.mu.Unlock()
@@ -118,6 +126,9 @@ func (c *Cache) SetNode(raw string, inv *gpu.NodeInventory) ([]string, error) {
 	for _, uid := range inv.Reclaimed {
 		reclaimed[uid] = true
 	}
+	// Running pods first, so a refused record never takes a place one of
+	// them holds.
+	var refused []*podRecord
 	for uid, rec := range c.pods {
 		if rec.assignment.Node != inv.Node {
 			continue
@@ -126,9 +137,19 @@ func (c *Cache) SetNode(raw string, inv *gpu.NodeInventory) ([]string, error) {
 			delete(c.pods, uid)
 			continue
 		}
-		rec.booked = n.AddAssignment(rec.assignment, 0, 0, c.oversub) == nil
-		if !rec.booked {
-			unbooked = append(unbooked, rec.name)
+		if rec.refused {
+			refused = append(refused, rec)
+			continue
+		}
+		rec.booked = true
+		if n.AddAssignment(rec.assignment, 0, 0, c.oversub) != nil {
+			n.ForceAssignment(rec.assignment, 0, 0)
+			overfull = append(overfull, rec.name)
+		}
+	}
+	for _, rec := range refused {
+		if n.AddAssignment(rec.assignment, 0, 0, c.oversub) == nil {
+			rec.booked, rec.refused = true, false
 		}
 	}
 	c.nodes[inv.Node] = &nodeState{node: n, raw: raw, reclaimed: reclaimed}
@@ -143,8 +164,8 @@ func (c *Cache) SetNode(raw string, inv *gpu.NodeInventory) ([]string, error) {
 	if c.onNodeChange != nil {
 		c.onNodeChange(inv.Node, snap)
 	}
-	sort.Strings(unbooked)
-	return unbooked, nil
+	sort.Strings(overfull)
+	return overfull, nil
 }
 
 // RemoveNode forgets a node's inventory; its pods' bookings are kept for its
@@ -375,6 +396,7 @@ func (c *Cache) AddBound(uid types.UID, podName string, a *gpu.PodAssignment) er
 	snap := s.node.Clone()
 	s.mu.Unlock()
 	if err != nil {
+		rec.refused = true
 		return fmt.Errorf("pod %s: %w", podName, err)
 	}
 	rec.booked = true
@@ -393,6 +415,14 @@ func (c *Cache) unbookLocked(rec *podRecord) {
 	}
 	s.mu.Lock()
 	s.node.RemoveAssignment(rec.assignment, 0, 0)
+	// A refused assignment that fits now counts, as the node's agent now
+	// honours it (deviceplugin.Honoured counts what was granted before).
+	for _, other := range c.pods {
+		if other.refused && other.assignment.Node == rec.assignment.Node &&
+			s.node.AddAssignment(other.assignment, 0, 0, c.oversub) == nil {
+			other.booked, other.refused = true, false
+		}
+	}
 	snap := s.node.Clone()
 	s.mu.Unlock()
 	c.notify(rec.assignment.Node, snap)
@@ -407,14 +437,15 @@ func (c *Cache) notify(name string, snap *allocator.Node) {
 	}
 }
 
-// Orphans lists the pods whose booking is not counted on any node: their
-// node's inventory vanished or no longer holds their GPUs.
+// Orphans lists the pods whose booking is not counted on any node because
+// their node has no inventory. Assignments refused as over their node's
+// limits are not orphans: they are reported when refused.
 func (c *Cache) Orphans() []string {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	var out []string
 	for _, rec := range c.pods {
-		if !rec.booked {
+		if !rec.booked && !rec.refused {
 			out = append(out, rec.name)
 		}
 	}

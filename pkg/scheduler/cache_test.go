@@ -153,10 +153,86 @@ func TestRebuildFromBoundPods(t *testing.T) {
 	if g := c.Snapshot("n1").GPUs[3]; g.CoresUsed() != 1000 {
 		t.Fatalf("GPU 3 holds %d‰ after the node returned", g.CoresUsed())
 	}
-	// An inventory without that GPU leaves the pod recorded but unbooked.
-	unbooked, err := c.SetNode("v2", testInventory("n1", 2, 81920, false))
-	if err != nil || len(unbooked) != 1 {
-		t.Fatalf("shrunk inventory: unbooked %v, %v", unbooked, err)
+	// An inventory without that GPU keeps the pod booked (counted nowhere,
+	// since its GPU is gone) and reports it.
+	overfull, err := c.SetNode("v2", testInventory("n1", 2, 81920, false))
+	if err != nil || len(overfull) != 1 || len(c.Orphans()) != 0 {
+		t.Fatalf("shrunk inventory: over-full %v, orphans %v, %v", overfull, c.Orphans(), err)
+	}
+}
+
+// TestShrunkInventoryKeepsBookings: when a node's inventory changes so that
+// the bookings of its running pods no longer fit (a GPU smaller, one gone,
+// fewer slices), they are never dropped: the GPU is over-full and takes no
+// second whole-GPU pod (issue 15: the dropped booking let one land at 200 %)
+// until its pods leave. An assignment refused when first seen stays
+// uncounted.
+func TestShrunkInventoryKeepsBookings(t *testing.T) {
+	c := NewCache(1.5)
+	if _, err := c.SetNode("v1", testInventory("n1", 2, 81920, false)); err != nil {
+		t.Fatal(err)
+	}
+	whole := func(i int) *gpu.PodAssignment {
+		return &gpu.PodAssignment{Node: "n1", Containers: []gpu.ContainerAssignment{{Name: "m", Mode: gpu.ModeExclusive,
+			GPUs: []gpu.GPUGrant{{UUID: fmt.Sprintf("GPU-n1-%d", i), Index: i, MemoryMiB: 81920, CoresPerMille: 1000}}}}}
+	}
+	for i := range 2 {
+		if err := c.AddBound(types.UID(fmt.Sprint("u", i)), fmt.Sprint("ns/p", i), whole(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A forged second owner of GPU 0: refused, never counted.
+	if err := c.AddBound("forged", "ns/forged", whole(0)); err == nil {
+		t.Fatal("a second exclusive owner was booked")
+	}
+	a := newAllocator(t)
+	req := compile(t, &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "m", GPUs: 1}}})
+	fits := func() bool {
+		reason, _, err := c.Fit(a, "n1", "whole", req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return reason.OK()
+	}
+	for _, tc := range []struct {
+		name string
+		inv  *gpu.NodeInventory
+	}{
+		{"GPUs report less memory", testInventory("n1", 2, 40960, false)},
+		{"GPUs offer one slice", func() *gpu.NodeInventory {
+			inv := testInventory("n1", 2, 81920, false)
+			inv.GPUs[0].Slices, inv.GPUs[1].Slices = 1, 1
+			return inv
+		}()},
+		{"GPU 1 gone", testInventory("n1", 1, 40960, false)},
+	} {
+		overfull, err := c.SetNode(tc.name, tc.inv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(c.Orphans()) != 0 {
+			t.Errorf("%s: orphans %v", tc.name, c.Orphans())
+		}
+		if fits() {
+			t.Errorf("%s: a whole GPU still fits (over-full %v): a booking was dropped", tc.name, overfull)
+		}
+		if g := c.Snapshot("n1").GPUs[0]; g.CoresUsed() != 1000 || g.Tenants() != 1 {
+			t.Errorf("%s: GPU 0 holds %d‰ and %d tenants, want p0's alone", tc.name, g.CoresUsed(), g.Tenants())
+		}
+	}
+	// The GPUs are back as they were; p0 leaves: the refused record fits
+	// now, and counts, as its node's agent now honours it; once it leaves
+	// too, GPU 0 is free.
+	if _, err := c.SetNode("v3", testInventory("n1", 2, 81920, false)); err != nil {
+		t.Fatal(err)
+	}
+	c.Forget("u0")
+	if g := c.Snapshot("n1").GPUs[0]; g.CoresUsed() != 1000 || fits() {
+		t.Fatalf("after p0 left, GPU 0 holds %d‰; want the formerly refused pod counted", g.CoresUsed())
+	}
+	c.Forget("forged")
+	if !fits() {
+		t.Fatalf("GPU 0 stays taken after its pods left: %d‰", c.Snapshot("n1").GPUs[0].CoresUsed())
 	}
 }
 

@@ -521,11 +521,11 @@ func (p *Plugin) onNode(logger klog.Logger, obj any) {
 	}
 	inv, err := inventory.FromNode(node)
 	if err == nil {
-		var unbooked []string
-		unbooked, err = p.cache.SetNode(node.Annotations[gpu.AnnotationInventory], inv)
+		var overfull []string
+		overfull, err = p.cache.SetNode(node.Annotations[gpu.AnnotationInventory], inv)
 		if err == nil {
-			if len(unbooked) > 0 {
-				logger.Error(nil, "Pods' GPU assignments no longer fit their node's inventory", "node", node.Name, "pods", unbooked)
+			if len(overfull) > 0 {
+				logger.Error(nil, "Pods' GPU assignments no longer fit their node's inventory; their GPUs stay booked, over-full, until they leave", "node", node.Name, "pods", overfull)
 			}
 			p.reportOrphans(logger)
 			return

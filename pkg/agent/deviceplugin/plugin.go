@@ -85,6 +85,9 @@ type Plugin struct {
 	pipeDir    PipeDir
 	cdiDir     string
 	noticeDir  NoticeDir
+	inventory  func() *gpu.NodeInventory
+	nodePods   func() []*v1.Pod
+	oversub    float64
 
 	mu      sync.Mutex
 	gpus    []GPUSlots
@@ -107,6 +110,12 @@ type Config struct {
 	// NoticeDir, when set, gives every GPU container its pod's preemption
 	// notice directory.
 	NoticeDir NoticeDir
+	// Inventory and NodePods, when set, have every assignment checked
+	// against the node's GPUs and what its pods were granted before
+	// (Honoured), with MemoryOversubscription as the per-GPU memory limit.
+	Inventory              func() *gpu.NodeInventory
+	NodePods               func() []*v1.Pod
+	MemoryOversubscription float64
 }
 
 // DefaultSchedulerNames is tessera-scheduler's shipped profile
@@ -119,7 +128,8 @@ func New(c Config) *Plugin {
 	if len(schedulers) == 0 {
 		schedulers = DefaultSchedulerNames
 	}
-	return &Plugin{node: c.Node, schedulers: schedulers, holder: c.Holder, pods: c.Pods, pipeDir: c.PipeDir, cdiDir: c.CDIDir, noticeDir: c.NoticeDir, changed: make(chan struct{})}
+	return &Plugin{node: c.Node, schedulers: schedulers, holder: c.Holder, pods: c.Pods, pipeDir: c.PipeDir, cdiDir: c.CDIDir, noticeDir: c.NoticeDir,
+		inventory: c.Inventory, nodePods: c.NodePods, oversub: c.MemoryOversubscription, changed: make(chan struct{})}
 }
 
 // SetGPUs replaces what is advertised; ListAndWatch streams the change to
@@ -283,6 +293,15 @@ func (p *Plugin) editsFor(ns, name, container string, slots int) (Edits, error) 
 	if !slices.Contains(p.schedulers, pod.Spec.SchedulerName) {
 		return Edits{}, fmt.Errorf("pod %s/%s names spec.schedulerName %q, not one of %s: %w",
 			ns, name, pod.Spec.SchedulerName, strings.Join(p.schedulers, ", "), ErrNotTesseraScheduled)
+	}
+	if p.inventory != nil && p.nodePods != nil {
+		inv := p.inventory()
+		if inv == nil {
+			return Edits{}, fmt.Errorf("pod %s/%s: the agent has not read this node's GPUs yet: %w", ns, name, ErrCannotHonour)
+		}
+		if err := Honoured(inv, p.nodePods(), p.schedulers, p.oversub, pod.UID); err != nil {
+			return Edits{}, fmt.Errorf("pod %s/%s: %w", ns, name, err)
+		}
 	}
 	for _, c := range a.Containers {
 		if c.Name != container {
