@@ -56,6 +56,10 @@ type Options struct {
 	MPS       bool
 	MPSBinary string
 	MPSRoot   string
+	// AssignmentChanges, from NodePods.Changes, are reported (log, event on
+	// the pod, tessera_agent_assignment_changes_total); the change itself
+	// was already undone.
+	AssignmentChanges <-chan AssignmentChange
 	// SchedulerNames are the scheduler profiles that run TesseraGPU
 	// (deviceplugin.DefaultSchedulerNames when empty); assignments on pods
 	// naming another scheduler are refused.
@@ -202,7 +206,7 @@ func New(opts Options) (*Agent, error) {
 			a.timeSlices = timeslice.NewManager(setter, timeSliceRetry)
 		}
 	}
-	a.reg.MustRegister(mpsRestarts, sliceChanges, reclaims, reclaimKilled, reclaimDuration, timeSliceClass, timeSliceFailures)
+	a.reg.MustRegister(mpsRestarts, sliceChanges, reclaims, reclaimKilled, reclaimDuration, timeSliceClass, timeSliceFailures, assignmentChanges)
 	return a, nil
 }
 
@@ -388,19 +392,55 @@ func (a *Agent) Adjust(ctx context.Context, util map[string]float64, now time.Ti
 // event records an Event on this node, best effort: an agent that cannot
 // write events still serves its GPUs.
 func (a *Agent) event(ctx context.Context, now time.Time, kind, reason, action, note string) {
+	a.eventOn(ctx, now, v1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: a.opts.Node}, kind, reason, action, note)
+}
+
+// eventOn records an event about regarding (a Node, or a Pod in its
+// namespace).
+func (a *Agent) eventOn(ctx context.Context, now time.Time, regarding v1.ObjectReference, kind, reason, action, note string) {
+	ns := regarding.Namespace
+	if ns == "" {
+		ns = metav1.NamespaceDefault
+	}
 	ev := &eventsv1.Event{
-		ObjectMeta:          metav1.ObjectMeta{GenerateName: a.opts.Node + ".", Namespace: metav1.NamespaceDefault},
+		ObjectMeta:          metav1.ObjectMeta{GenerateName: regarding.Name + ".", Namespace: ns},
 		EventTime:           metav1.NewMicroTime(now),
 		ReportingController: "tessera.dev/agent",
 		ReportingInstance:   "tessera-agent-" + a.opts.Node,
 		Action:              action,
 		Reason:              reason,
-		Regarding:           v1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: a.opts.Node},
+		Regarding:           regarding,
 		Note:                note,
 		Type:                kind,
 	}
-	if _, err := a.opts.Client.EventsV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+	if _, err := a.opts.Client.EventsV1().Events(ns).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
 		klog.FromContext(ctx).V(2).Info("Could not record event", "reason", reason, "err", err)
+	}
+}
+
+var assignmentChanges = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "tessera_agent_assignment_changes_total", Help: "Changes of a bound pod's tessera.dev/assignment, each ignored: the first assignment counts.",
+}, []string{"node"})
+
+// reportAssignmentChanges reports each ignored change of a bound pod's
+// assignment: a log line, a Warning event on the pod, and the counter.
+func (a *Agent) reportAssignmentChanges(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ch := <-a.opts.AssignmentChanges:
+			assignmentChanges.WithLabelValues(a.opts.Node).Inc()
+			now := "removed"
+			if ch.Now != "" {
+				now = "changed"
+			}
+			klog.FromContext(ctx).Error(nil, "A bound pod's GPU assignment was "+now+" after binding; the agent keeps the first",
+				"pod", klog.KObj(ch.Pod), "first", ch.First, "now", ch.Now)
+			a.eventOn(ctx, time.Now(), v1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: ch.Pod.Namespace, Name: ch.Pod.Name, UID: ch.Pod.UID},
+				v1.EventTypeWarning, "GPUAssignmentChanged", "Ignore",
+				fmt.Sprintf("annotation %s was %s after the pod was bound; it keeps the GPUs it was first assigned", gpu.AnnotationAssignment, now))
+		}
 	}
 }
 
@@ -461,6 +501,9 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 		}
 	}, 30*time.Second)
 	go wait.UntilWithContext(ctx, func(ctx context.Context) { a.preemptionPass(ctx, time.Now()) }, 250*time.Millisecond)
+	if a.opts.AssignmentChanges != nil {
+		go a.reportAssignmentChanges(ctx)
+	}
 	if a.gpus != nil {
 		go func() {
 			// Without events a fault is only seen when the GPU stops

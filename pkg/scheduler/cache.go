@@ -366,11 +366,18 @@ func (c *Cache) ForgetAssumed(uid types.UID) {
 	c.unbookLocked(rec)
 }
 
+// ErrAssignmentChanged says a bound pod's assignment differs from the one
+// the cache first saw it bound with; the first one stays booked.
+var ErrAssignmentChanged = errors.New("the GPU assignment changed after the pod was bound; the first one stays booked")
+
 // AddBound records a bound pod's assignment as read from the API server: it
-// confirms an assumed booking, replaces a different one, or books a pod the
-// cache has not seen (scheduler restart). An assignment that does not fit
-// its node's inventory is recorded unbooked and reported as an error. A pod
-// already Gone is ignored.
+// confirms an assumed booking (replacing it when the bound pod says
+// otherwise), or books a pod the cache has not seen (scheduler restart). The
+// first assignment a bound pod is seen with is the one that counts: a later
+// different one is ignored and reported as ErrAssignmentChanged, as the
+// node's agent ignores it. An assignment that does not fit its node's
+// inventory is recorded unbooked and reported as an error. A pod already
+// Gone is ignored.
 func (c *Cache) AddBound(uid types.UID, podName string, a *gpu.PodAssignment) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -381,6 +388,9 @@ func (c *Cache) AddBound(uid types.UID, podName string, a *gpu.PodAssignment) er
 		if sameAssignment(old.assignment, a) {
 			old.assumed = false
 			return nil
+		}
+		if !old.assumed {
+			return fmt.Errorf("pod %s: %w", podName, ErrAssignmentChanged)
 		}
 		c.unbookLocked(old)
 		delete(c.pods, uid)

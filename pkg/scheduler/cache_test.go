@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -450,5 +451,41 @@ func TestVictimHeldUntilReclaimed(t *testing.T) {
 	}
 	if got := c.ExpireReclaims(time.Now().Add(time.Hour), time.Hour); len(got) != 1 || c.Snapshot("n1").GPUs[1].CoresUsed() != 0 {
 		t.Fatalf("expired %v; GPU holds %d‰", got, c.Snapshot("n1").GPUs[1].CoresUsed())
+	}
+}
+
+// TestFirstBoundAssignmentCounts: a bound pod's assignment patched after
+// binding does not move its booking (issue 15: the booking moved while the
+// pod kept its GPU); an assumed booking is still replaced by what the bound
+// pod says.
+func TestFirstBoundAssignmentCounts(t *testing.T) {
+	c := NewCache(1.5)
+	if _, err := c.SetNode("v1", testInventory("n1", 8, 81920, false)); err != nil {
+		t.Fatal(err)
+	}
+	on := func(i int) *gpu.PodAssignment {
+		return &gpu.PodAssignment{Node: "n1", Containers: []gpu.ContainerAssignment{{Name: "m", Mode: gpu.ModeExclusive,
+			GPUs: []gpu.GPUGrant{{UUID: fmt.Sprintf("GPU-n1-%d", i), Index: i, MemoryMiB: 81920, CoresPerMille: 1000}}}}}
+	}
+	if err := c.AddBound("u1", "ns/p1", on(0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.AddBound("u1", "ns/p1", on(5)); !errors.Is(err, ErrAssignmentChanged) {
+		t.Fatalf("changed assignment: %v, want ErrAssignmentChanged", err)
+	}
+	snap := c.Snapshot("n1")
+	if snap.GPUs[0].CoresUsed() != 1000 || snap.GPUs[5].CoresUsed() != 0 {
+		t.Fatalf("booking moved: GPU 0 %d‰, GPU 5 %d‰", snap.GPUs[0].CoresUsed(), snap.GPUs[5].CoresUsed())
+	}
+	// Reserve's booking is only assumed: the bound pod's record wins.
+	req := compile(t, &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "m", GPUs: 1}}})
+	if _, reason, err := c.Reserve(newAllocator(t), "u2", "ns/p2", "n1", req); err != nil || !reason.OK() {
+		t.Fatal(reason, err)
+	}
+	if err := c.AddBound("u2", "ns/p2", on(7)); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Assignment("u2").Containers[0].GPUs[0].Index; got != 7 {
+		t.Fatalf("assumed booking kept GPU %d over the bound pod's 7", got)
 	}
 }

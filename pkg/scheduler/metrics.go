@@ -58,7 +58,7 @@ var (
 	orphanedPods = metrics.NewGauge(&metrics.GaugeOpts{
 		Subsystem:      metricsSubsystem,
 		Name:           "orphaned_pods",
-		Help:           "Bound GPU pods whose assignment is not counted on any node: their node's inventory is missing or no longer holds their GPUs.",
+		Help:           "Bound GPU pods whose assignment is not counted on any node: their node has no usable inventory.",
 		StabilityLevel: metrics.ALPHA,
 	})
 	inventoryErrors = metrics.NewCounterVec(&metrics.CounterOpts{
@@ -67,6 +67,12 @@ var (
 		Help:           "Node inventories (tessera.dev/inventory) the scheduler could not use, by node.",
 		StabilityLevel: metrics.ALPHA,
 	}, []string{"node"})
+	assignmentChanges = metrics.NewCounter(&metrics.CounterOpts{
+		Subsystem:      metricsSubsystem,
+		Name:           "assignment_changes_total",
+		Help:           "Changes of a bound pod's GPU assignment after binding, each ignored: the first assignment stays booked.",
+		StabilityLevel: metrics.ALPHA,
+	})
 	assignmentErrors = metrics.NewCounter(&metrics.CounterOpts{
 		Subsystem:      metricsSubsystem,
 		Name:           "assignment_errors_total",
@@ -108,7 +114,7 @@ var registerOnce sync.Once
 func registerMetrics() {
 	registerOnce.Do(func() {
 		legacyregistry.MustRegister(gpuAllocatedMemory, gpuAllocatedCores, gpuAllocatedSlices, gpuMemoryTotal,
-			unschedulable, pluginDuration, orphanedPods, inventoryErrors, assignmentErrors,
+			unschedulable, pluginDuration, orphanedPods, inventoryErrors, assignmentErrors, assignmentChanges,
 			preemptions, victimsPerPreemption, awaitingReclaim, reclaimTimeouts)
 	})
 }

@@ -17,6 +17,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -481,7 +482,11 @@ func (p *Plugin) onPod(logger klog.Logger, obj any, added bool) {
 			fmt.Sprintf("pod is bound to %s without a %s annotation: it was not placed by the %s plugin, so its GPUs are not accounted", pod.Spec.NodeName, gpu.AnnotationAssignment, Name))
 		return
 	}
-	if err := p.cache.AddBound(pod.UID, podKey(pod), a); err != nil {
+	switch err := p.cache.AddBound(pod.UID, podKey(pod), a); {
+	case errors.Is(err, ErrAssignmentChanged):
+		assignmentChanges.Inc()
+		p.warnOnce(logger, pod, "GPUAssignmentChanged", err.Error())
+	case err != nil:
 		assignmentErrors.Inc()
 		p.warnOnce(logger, pod, "InvalidGPUAssignment", err.Error())
 	}
