@@ -21,9 +21,12 @@ import (
 	v1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/pkg/agent/adjuster"
@@ -102,6 +105,9 @@ type Agent struct {
 
 	mu        sync.Mutex
 	published *gpu.NodeInventory
+	// publishedRaw is the annotation as last written, which watchOwnNode
+	// restores when anything else changes it.
+	publishedRaw string
 	// adj decides each GPU's slice count from its forecast load; adjMu
 	// guards it (the adjuster is not safe for concurrent use) and lastEval.
 	adjMu    sync.Mutex
@@ -334,11 +340,72 @@ func (a *Agent) Refresh(ctx context.Context, now time.Time) error {
 	if err := inventory.Publish(ctx, a.opts.Client, inv); err != nil {
 		return err
 	}
+	raw, err := gpu.EncodeInventory(inv)
+	if err != nil {
+		return err
+	}
 	a.mu.Lock()
-	a.published = &published
+	a.published, a.publishedRaw = &published, string(raw)
 	a.mu.Unlock()
 	klog.FromContext(ctx).Info("Published GPU inventory", "node", a.opts.Node, "gpus", len(inv.GPUs), "unhealthy", a.health.Unhealthy(now))
 	return nil
+}
+
+// watchOwnNode restores the node's inventory annotation whenever it differs
+// from what the agent last wrote (overwritten, removed, garbage): the
+// scheduler places GPU pods by it, and a node whose annotation nobody
+// repairs takes none. It republishes at most once a second, so two writers
+// (a second agent by mistake) cannot make it spin.
+func (a *Agent) watchOwnNode(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	factory := informers.NewSharedInformerFactoryWithOptions(a.opts.Client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", a.opts.Node).String()
+	}))
+	differs := make(chan struct{}, 1)
+	check := func(obj any) {
+		n, ok := obj.(*v1.Node)
+		if !ok || n.Name != a.opts.Node {
+			return
+		}
+		a.mu.Lock()
+		want := a.publishedRaw
+		a.mu.Unlock()
+		if got, has := n.Annotations[gpu.AnnotationInventory]; want != "" && (!has || got != want) {
+			select {
+			case differs <- struct{}{}:
+			default:
+			}
+		}
+	}
+	if _, err := factory.Core().V1().Nodes().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: check, UpdateFunc: func(_, obj any) { check(obj) },
+	}); err != nil {
+		logger.Error(err, "Not watching this node's inventory annotation")
+		return
+	}
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-differs:
+		}
+		a.mu.Lock()
+		a.published = nil // publish again even though the GPUs did not change
+		a.mu.Unlock()
+		logger.Info("This node's GPU inventory annotation was changed by someone else; restoring it", "node", a.opts.Node)
+		a.event(ctx, time.Now(), v1.EventTypeWarning, "GPUInventoryRestored", "Republish",
+			fmt.Sprintf("annotation %s was changed or removed by someone other than this node's tessera-agent; restored", gpu.AnnotationInventory))
+		if err := a.Refresh(ctx, time.Now()); err != nil {
+			logger.Error(err, "Restoring the GPU inventory failed")
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // Adjust feeds one pass's utilization (0–1 per GPU UUID; NaN or absent for
@@ -403,7 +470,10 @@ func (a *Agent) eventOn(ctx context.Context, now time.Time, regarding v1.ObjectR
 		ns = metav1.NamespaceDefault
 	}
 	ev := &eventsv1.Event{
-		ObjectMeta:          metav1.ObjectMeta{GenerateName: regarding.Name + ".", Namespace: ns},
+		// Named as client-go's recorder names events: a generateName of
+		// "<name>." is refused by the API server (a DNS subdomain cannot
+		// end in a dot), so no event was ever recorded.
+		ObjectMeta:          metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", regarding.Name, now.UnixNano()), Namespace: ns},
 		EventTime:           metav1.NewMicroTime(now),
 		ReportingController: "tessera.dev/agent",
 		ReportingInstance:   "tessera-agent-" + a.opts.Node,
@@ -504,6 +574,7 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 	if a.opts.AssignmentChanges != nil {
 		go a.reportAssignmentChanges(ctx)
 	}
+	go a.watchOwnNode(ctx)
 	if a.gpus != nil {
 		go func() {
 			// Without events a fault is only seen when the GPU stops

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"reflect"
 	"testing"
 	"time"
 
@@ -11,9 +12,12 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
 	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
@@ -274,5 +278,59 @@ func TestTimeSharedGPUsGetTheirClass(t *testing.T) {
 	b.applyTimeSlices(ctx, t0.Add(time.Minute))
 	if fail.calls != 16 {
 		t.Fatalf("%d runs after the retry period; want 16", fail.calls)
+	}
+}
+
+// TestInventoryIsRestored: an inventory annotation overwritten with garbage,
+// or removed, by anyone but the agent is written back (issue 15: the node
+// stayed out of service), with a Warning event on the node.
+func TestInventoryIsRestored(t *testing.T) {
+	_, client, a := startedAgent(t, &nvmltest.Reading{SMCount: 132})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := a.Refresh(ctx, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	good := published(t, client)
+	go a.watchOwnNode(ctx)
+	for _, tc := range []struct {
+		name string
+		edit func(n *v1.Node)
+	}{
+		{"garbage", func(n *v1.Node) { n.Annotations[gpu.AnnotationInventory] = `{"v":"v1","gpus":[{"memoryMiB":300000}` }},
+		{"removed", func(n *v1.Node) { delete(n.Annotations, gpu.AnnotationInventory) }},
+	} {
+		n, err := client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc.edit(n)
+		if _, err := client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+			n, err := client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			inv, err := inventory.FromNode(n)
+			return err == nil && inv != nil && reflect.DeepEqual(inv.GPUs, good.GPUs), nil
+		})
+		if err != nil {
+			t.Fatalf("%s: the inventory was not restored: %v", tc.name, err)
+		}
+	}
+	// Counted as sent: the fake API server does not generate names, so it
+	// keeps only the first of two events.
+	restored := 0
+	for _, act := range client.Actions() {
+		if c, ok := act.(k8stesting.CreateAction); ok && act.GetResource().Resource == "events" {
+			if e, ok := c.GetObject().(*eventsv1.Event); ok && e.Reason == "GPUInventoryRestored" {
+				restored++
+			}
+		}
+	}
+	if restored != 2 {
+		t.Errorf("%d GPUInventoryRestored events, want 2", restored)
 	}
 }

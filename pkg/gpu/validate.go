@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // ErrInvalid is wrapped by every validation and decoding error of this package,
@@ -14,6 +15,23 @@ func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
 }
 
+// maxEcho is how much of a user's value a message repeats: messages land in
+// the pod's status and events, and a 100 KB annotation must not.
+const maxEcho = 64
+
+// Quote is %q of a value a user wrote, cut to maxEcho bytes (on a rune
+// boundary) with its full length said, for messages.
+func Quote(s string) string {
+	if len(s) <= maxEcho {
+		return fmt.Sprintf("%q", s)
+	}
+	n := maxEcho
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return fmt.Sprintf("%q… (%d bytes)", s[:n], len(s))
+}
+
 // ParseSharingMode parses the tessera.dev/sharing annotation. An empty value means auto.
 func ParseSharingMode(s string) (SharingMode, error) {
 	switch m := SharingMode(strings.TrimSpace(s)); m {
@@ -22,7 +40,7 @@ func ParseSharingMode(s string) (SharingMode, error) {
 	case ModeExclusive, ModeMPS, ModeTimeSlicing:
 		return m, nil
 	}
-	return "", invalidf("%s=%q: want one of exclusive, mps, time-slicing, auto", AnnotationSharing, s)
+	return "", invalidf("%s=%s: want one of exclusive, mps, time-slicing, auto", AnnotationSharing, Quote(s))
 }
 
 // ParseWorkloadClass parses the tessera.dev/workload annotation.
@@ -31,7 +49,7 @@ func ParseWorkloadClass(s string) (WorkloadClass, error) {
 	case WorkloadUnspecified, WorkloadTraining, WorkloadInference:
 		return w, nil
 	}
-	return "", invalidf("%s=%q: want training or inference", AnnotationWorkload, s)
+	return "", invalidf("%s=%s: want training or inference", AnnotationWorkload, Quote(s))
 }
 
 // ParseModelList parses the tessera.dev/gpu-model allow-list: model names
@@ -56,7 +74,7 @@ func ParseModelList(s string) ([]string, error) {
 		models = append(models, f)
 	}
 	if len(models) == 0 {
-		return nil, invalidf("%s=%q: no model named", AnnotationGPUModel, s)
+		return nil, invalidf("%s=%s: no model named", AnnotationGPUModel, Quote(s))
 	}
 	return models, nil
 }
@@ -88,12 +106,12 @@ func (r *Request) Validate() error {
 	switch r.Sharing {
 	case ModeNone, ModeAuto, ModeExclusive, ModeMPS, ModeTimeSlicing:
 	default:
-		return invalidf("%s=%q: unknown sharing mode", AnnotationSharing, r.Sharing)
+		return invalidf("%s=%s: unknown sharing mode", AnnotationSharing, Quote(string(r.Sharing)))
 	}
 	switch r.Workload {
 	case WorkloadUnspecified, WorkloadTraining, WorkloadInference:
 	default:
-		return invalidf("%s=%q: unknown workload class", AnnotationWorkload, r.Workload)
+		return invalidf("%s=%s: unknown workload class", AnnotationWorkload, Quote(string(r.Workload)))
 	}
 	for i, c := range r.Containers {
 		name := c.Name

@@ -77,6 +77,16 @@ func Request(pod *v1.Pod) (*gpu.Request, error) {
 			return nil, err
 		}
 		cr.CoresPercent = int(n)
+		// 0 would read as "not given", which means something else (a
+		// whole GPU, or cores matching the memory): say so instead.
+		if given(c, gpu.ResourceCores) && cr.CoresPercent == 0 {
+			return nil, fmt.Errorf("%w: container %s: %s=0: must be 1–100 (percent of one GPU's SMs); leave it out to get the share matching %s, or a whole GPU",
+				gpu.ErrInvalid, c.Name, gpu.ResourceCores, gpu.ResourceMemory)
+		}
+		if given(c, gpu.ResourceMemory) && cr.MemoryMiB == 0 {
+			return nil, fmt.Errorf("%w: container %s: %s=0: must be at least 1 (MiB per GPU); leave it out to get the memory matching %s, or a whole GPU",
+				gpu.ErrInvalid, c.Name, gpu.ResourceMemory, gpu.ResourceCores)
+		}
 		r.Containers[i] = cr
 	}
 	if err := r.ApplyAnnotations(pod.Annotations); err != nil {
@@ -89,6 +99,13 @@ func Request(pod *v1.Pod) (*gpu.Request, error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// given reports whether a container names the resource at all.
+func given(c *v1.Container, name v1.ResourceName) bool {
+	_, lim := c.Resources.Limits[name]
+	_, req := c.Resources.Requests[name]
+	return lim || req
 }
 
 // quantity reads one tessera.dev resource of a container as a whole number.

@@ -48,10 +48,17 @@ func TestRequest(t *testing.T) {
 		{name: "fractional memory", pod: pod(nil, ctr("m", map[string]string{gpu.ResourceGPU: "1", gpu.ResourceMemory: "1500m"})), wantErr: "whole number"},
 		{name: "memory without GPU count", pod: pod(nil, ctr("m", map[string]string{gpu.ResourceMemory: "4096"})), wantErr: "is 0"},
 		{name: "unknown mode", pod: pod(map[string]string{gpu.AnnotationSharing: "mig"}, ctr("m", map[string]string{gpu.ResourceGPU: "1"})), wantErr: "want one of exclusive"},
+		{name: "cores 0 said", pod: pod(nil, ctr("m", map[string]string{gpu.ResourceGPU: "1", gpu.ResourceCores: "0"})), wantErr: "tessera.dev/gpu-cores=0: must be 1–100"},
+		{name: "cores 0 beside memory", pod: pod(nil, ctr("m", map[string]string{gpu.ResourceGPU: "1", gpu.ResourceMemory: "4096", gpu.ResourceCores: "0"})), wantErr: "tessera.dev/gpu-cores=0"},
+		{name: "memory 0 said", pod: pod(nil, ctr("m", map[string]string{gpu.ResourceGPU: "1", gpu.ResourceMemory: "0", gpu.ResourceCores: "20"})), wantErr: "tessera.dev/gpu-memory=0: must be at least 1"},
+		{name: "a huge annotation is not echoed", pod: pod(map[string]string{gpu.AnnotationSharing: strings.Repeat("x", 100_000)}, ctr("m", map[string]string{gpu.ResourceGPU: "1"})), wantErr: `"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"… (100000 bytes): want one of exclusive`},
 		{name: "mps without a size", pod: pod(map[string]string{gpu.AnnotationSharing: "mps"}, ctr("m", map[string]string{gpu.ResourceGPU: "1"})), wantErr: "needs"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Request(tc.pod)
+			if err != nil && len(err.Error()) > 400 {
+				t.Fatalf("a %d-byte message echoes the pod's values in full", len(err.Error()))
+			}
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, gpu.ErrInvalid) {
 					t.Fatalf("err = %v, want ErrInvalid mentioning %q", err, tc.wantErr)

@@ -21,7 +21,7 @@
 // to the pod's GPU processes (AnnotationSignal) or POSTs it to the pod
 // (AnnotationURL).
 //
-// This file holds the contract; it imports only k8s.io/api.
+// This file holds the contract; it imports only k8s.io/api and pkg/gpu.
 package preemption
 
 import (
@@ -34,6 +34,8 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/tessera-gpu/tessera/pkg/gpu"
 )
 
 // Annotations of the contract.
@@ -72,7 +74,7 @@ func SignalOf(pod *v1.Pod) (syscall.Signal, error) {
 	}
 	sig, ok := Signals[strings.ToUpper(strings.TrimSpace(name))]
 	if !ok {
-		return 0, fmt.Errorf("annotation %s: %q is not one of SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2", AnnotationSignal, name)
+		return 0, fmt.Errorf("annotation %s: %s is not one of SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2", AnnotationSignal, gpu.Quote(name))
 	}
 	return sig, nil
 }
@@ -85,15 +87,44 @@ func URLOf(pod *v1.Pod) (string, error) {
 	if !ok {
 		return "", nil
 	}
-	u, err := url.Parse(raw)
-	if err != nil || u.Scheme != "http" || u.Hostname() != "" || u.Port() == "" {
-		return "", fmt.Errorf("annotation %s: %q must be http://:<port>/<path> (the host is the pod's IP)", AnnotationURL, raw)
+	u, err := parseURL(raw)
+	if err != nil {
+		return "", err
 	}
 	if pod.Status.PodIP == "" {
 		return "", fmt.Errorf("pod has no IP yet")
 	}
 	u.Host = net.JoinHostPort(pod.Status.PodIP, u.Port())
 	return u.String(), nil
+}
+
+func parseURL(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme != "http" || u.Hostname() != "" || u.Port() == "" {
+		return nil, fmt.Errorf("annotation %s: %s must be http://:<port>/<path> (the host is the pod's IP)", AnnotationURL, gpu.Quote(raw))
+	}
+	return u, nil
+}
+
+// ValidateAnnotations checks the annotations a pod's owner sets for
+// preemption (AnnotationGrace, AnnotationSignal, AnnotationURL), so that a
+// typo is refused where the owner sees it instead of ignored when the pod
+// is preempted.
+func ValidateAnnotations(pod *v1.Pod) error {
+	if raw, ok := pod.Annotations[AnnotationGrace]; ok {
+		if d, err := time.ParseDuration(strings.TrimSpace(raw)); err != nil || d < 0 {
+			return fmt.Errorf("annotation %s: %s is not a duration such as 10s", AnnotationGrace, gpu.Quote(raw))
+		}
+	}
+	if _, err := SignalOf(pod); err != nil {
+		return err
+	}
+	if raw, ok := pod.Annotations[AnnotationURL]; ok {
+		if _, err := parseURL(raw); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Files of the contract, inside every GPU container.
@@ -153,7 +184,7 @@ func IsVictim(pod *v1.Pod) bool {
 // Grace is the grace period a victim gets: the configured one, or shorter
 // when the pod's owner asked for less.
 func Grace(pod *v1.Pod, configured time.Duration) time.Duration {
-	if d, err := time.ParseDuration(pod.Annotations[AnnotationGrace]); err == nil && d >= 0 && d < configured {
+	if d, err := time.ParseDuration(strings.TrimSpace(pod.Annotations[AnnotationGrace])); err == nil && d >= 0 && d < configured {
 		return d
 	}
 	return configured

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -55,6 +56,33 @@ func TestSignalAndURL(t *testing.T) {
 		got, err := URLOf(pod(map[string]string{AnnotationURL: raw}, "10.1.2.3"))
 		if got != want || (want == "") != (err != nil) {
 			t.Errorf("URLOf(%q) = %q, %v; want %q", raw, got, err, want)
+		}
+	}
+}
+
+// TestValidateAnnotations: the owner's preemption settings are checked
+// where the owner sees the answer (the scheduler refuses the pod), not
+// ignored when the pod is preempted.
+func TestValidateAnnotations(t *testing.T) {
+	for _, tc := range []struct {
+		ann  map[string]string
+		want string // "" when valid
+	}{
+		{nil, ""},
+		{map[string]string{AnnotationGrace: "10s", AnnotationSignal: "SIGUSR2", AnnotationURL: "http://:8080/ckpt"}, ""},
+		{map[string]string{AnnotationGrace: " 0s "}, ""},
+		{map[string]string{AnnotationGrace: "ten seconds"}, `tessera.dev/checkpoint-grace: "ten seconds" is not a duration`},
+		{map[string]string{AnnotationGrace: "-5s"}, "is not a duration"},
+		{map[string]string{AnnotationSignal: "SIGKILL"}, `"SIGKILL" is not one of`},
+		{map[string]string{AnnotationURL: "http://10.0.0.1:8080/x"}, "must be http://:<port>/<path>"},
+		{map[string]string{AnnotationURL: strings.Repeat("h", 100_000)}, "… (100000 bytes) must be"},
+	} {
+		err := ValidateAnnotations(&v1.Pod{ObjectMeta: metav1.ObjectMeta{Annotations: tc.ann}})
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%v: %v", tc.ann, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || len(err.Error()) > 300):
+			t.Errorf("%.80v: %v, want %q", tc.ann, err, tc.want)
 		}
 	}
 }

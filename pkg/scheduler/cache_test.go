@@ -10,8 +10,10 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
@@ -487,5 +489,34 @@ func TestFirstBoundAssignmentCounts(t *testing.T) {
 	}
 	if got := c.Assignment("u2").Containers[0].GPUs[0].Index; got != 7 {
 		t.Fatalf("assumed booking kept GPU %d over the bound pod's 7", got)
+	}
+}
+
+// TestUnreadableInventoryReason: a node whose inventory annotation is
+// garbage tells its pods so, and why, instead of asking whether the agent
+// runs there; a readable one clears it.
+func TestUnreadableInventoryReason(t *testing.T) {
+	p := &Plugin{shared: &shared{cache: NewCache(1.5)}}
+	logger := klog.Background()
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", UID: "n1", Annotations: map[string]string{gpu.AnnotationInventory: `{"v":"v1","gpus":[{"uuid":`}}}
+	p.onNode(logger, node)
+	if got := p.noInventoryReason("n1"); !strings.Contains(got, "GPU inventory (annotation tessera.dev/inventory) is unreadable: ") ||
+		strings.Contains(got, "is tessera-agent running there") {
+		t.Fatalf("reason %q", got)
+	}
+	if got := p.noInventoryReason("n2"); !strings.Contains(got, "is tessera-agent running there?") {
+		t.Fatalf("node without inventory: %q", got)
+	}
+	raw, err := gpu.EncodeInventory(testInventory("n1", 1, 81920, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.Annotations[gpu.AnnotationInventory] = string(raw)
+	p.onNode(logger, node)
+	if _, ok := p.unreadable.Load("n1"); ok || !p.cache.HasNode("n1") {
+		t.Fatal("a readable inventory did not replace the unreadable one")
+	}
+	if got := truncate(strings.Repeat("é", 200), 201); len(got) > 204 || !strings.HasSuffix(got, "…") {
+		t.Fatalf("truncate: %q", got)
 	}
 }

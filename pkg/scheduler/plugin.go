@@ -23,6 +23,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -82,6 +83,9 @@ type shared struct {
 	// warned remembers pods and nodes already reported, so a report is made
 	// once and not on every resync.
 	warned sync.Map
+	// unreadable holds, per node, why its inventory annotation could not be
+	// used, for the pods' reason.
+	unreadable sync.Map
 }
 
 var (
@@ -248,6 +252,9 @@ func (p *Plugin) compile(pod *v1.Pod) (*allocator.Request, error) {
 	if err != nil {
 		return nil, fmt.Errorf("invalid GPU request: %w", err)
 	}
+	if err := preemption.ValidateAnnotations(pod); err != nil {
+		return nil, fmt.Errorf("invalid preemption settings: %w", err)
+	}
 	req, err := allocator.Compile(greq, p.cfg)
 	if err != nil {
 		return nil, fmt.Errorf("invalid GPU request: %w", err)
@@ -282,14 +289,34 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod, node
 	}
 	if err != nil {
 		unschedulable.WithLabelValues("NoInventory").Inc()
-		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable,
-			fmt.Sprintf("node has no Tessera GPU inventory (annotation %s); is tessera-agent running there?", gpu.AnnotationInventory))
+		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, p.noInventoryReason(nodeInfo.Node().Name))
 	}
 	if !reason.OK() {
 		unschedulable.WithLabelValues(reason.Code.String()).Inc()
 		return fwk.NewStatus(fwk.Unschedulable, reason.String())
 	}
 	return nil
+}
+
+// noInventoryReason says why a node takes no GPU pod: its inventory is
+// missing, or there but unreadable (and why).
+func (p *Plugin) noInventoryReason(node string) string {
+	if why, ok := p.unreadable.Load(node); ok {
+		return fmt.Sprintf("node's GPU inventory (annotation %s) is unreadable: %s; its tessera-agent republishes it when it runs there",
+			gpu.AnnotationInventory, truncate(why.(string), 200))
+	}
+	return fmt.Sprintf("node has no Tessera GPU inventory (annotation %s); is tessera-agent running there?", gpu.AnnotationInventory)
+}
+
+// truncate shortens s to at most n bytes (on a rune boundary), marking the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
 
 // PreScore skips scoring for pods without GPUs.
@@ -518,6 +545,7 @@ func (p *Plugin) onNode(logger klog.Logger, obj any) {
 		return
 	}
 	if _, has := node.Annotations[gpu.AnnotationInventory]; !has {
+		p.unreadable.Delete(node.Name)
 		if p.cache.HasNode(node.Name) {
 			p.cache.RemoveNode(node.Name)
 			p.reportOrphans(logger)
@@ -529,6 +557,7 @@ func (p *Plugin) onNode(logger klog.Logger, obj any) {
 		var overfull []string
 		overfull, err = p.cache.SetNode(node.Annotations[gpu.AnnotationInventory], inv)
 		if err == nil {
+			p.unreadable.Delete(node.Name)
 			if len(overfull) > 0 {
 				logger.Error(nil, "Pods' GPU assignments no longer fit their node's inventory; their GPUs stay booked, over-full, until they leave", "node", node.Name, "pods", overfull)
 			}
@@ -537,6 +566,7 @@ func (p *Plugin) onNode(logger klog.Logger, obj any) {
 		}
 	}
 	inventoryErrors.WithLabelValues(node.Name).Inc()
+	p.unreadable.Store(node.Name, err.Error())
 	p.warnOnce(logger, node, "InvalidGPUInventory", err.Error())
 	p.cache.RemoveNode(node.Name)
 	p.reportOrphans(logger)
@@ -547,6 +577,7 @@ func (p *Plugin) onNodeDelete(logger klog.Logger, obj any) {
 		obj = t.Obj
 	}
 	if node, ok := obj.(*v1.Node); ok {
+		p.unreadable.Delete(node.Name)
 		p.cache.RemoveNode(node.Name)
 		p.reportOrphans(logger)
 	}
@@ -574,6 +605,9 @@ func (p *Plugin) warnOnce(logger klog.Logger, obj runtime.Object, reason, msg st
 		return
 	}
 	logger.Error(nil, msg, "object", klog.KObj(m), "reason", reason)
+	if p.handle == nil {
+		return
+	}
 	if r := p.handle.EventRecorder(); r != nil {
 		r.Eventf(obj, nil, v1.EventTypeWarning, reason, "Scheduling", "%s", msg)
 	}

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -23,6 +24,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -133,39 +135,48 @@ func specEnv(t *testing.T, cdiDir string, slots []string) map[string]string {
 	return env
 }
 
-// specEdits reads the CDI spec the agent wrote for a container's slots and
-// returns its environment and its mounts (container path → host path).
+// specEdits reads the CDI specs the agent wrote for a container's slots (one
+// file per slot, each defining just its slot, all with the container's
+// edits) and returns their environment and mounts (container path → host
+// path).
 func specEdits(t *testing.T, cdiDir string, slots []string) (map[string]string, map[string]string) {
 	t.Helper()
-	b, err := os.ReadFile(deviceplugin.SpecPath(cdiDir, slots))
-	if err != nil {
-		t.Fatalf("CDI spec of %v: %v", slots, err)
-	}
-	var spec struct {
-		Devices []struct {
-			Name           string `json:"name"`
-			ContainerEdits struct {
-				Env    []string `json:"env"`
-				Mounts []struct {
-					HostPath      string `json:"hostPath"`
-					ContainerPath string `json:"containerPath"`
-				} `json:"mounts"`
-			} `json:"containerEdits"`
-		} `json:"devices"`
-	}
-	if err := json.Unmarshal(b, &spec); err != nil {
-		t.Fatal(err)
-	}
-	if len(spec.Devices) != len(slots) {
-		t.Fatalf("CDI spec names %d devices for %d slots", len(spec.Devices), len(slots))
-	}
-	env, mounts := map[string]string{}, map[string]string{}
-	for _, kv := range spec.Devices[0].ContainerEdits.Env {
-		k, v, _ := strings.Cut(kv, "=")
-		env[k] = v
-	}
-	for _, m := range spec.Devices[0].ContainerEdits.Mounts {
-		mounts[m.ContainerPath] = m.HostPath
+	var env, mounts map[string]string
+	for _, slot := range slots {
+		b, err := os.ReadFile(deviceplugin.SpecPath(cdiDir, slot))
+		if err != nil {
+			t.Fatalf("CDI spec of %s: %v", slot, err)
+		}
+		var spec struct {
+			Devices []struct {
+				Name           string `json:"name"`
+				ContainerEdits struct {
+					Env    []string `json:"env"`
+					Mounts []struct {
+						HostPath      string `json:"hostPath"`
+						ContainerPath string `json:"containerPath"`
+					} `json:"mounts"`
+				} `json:"containerEdits"`
+			} `json:"devices"`
+		}
+		if err := json.Unmarshal(b, &spec); err != nil {
+			t.Fatal(err)
+		}
+		if len(spec.Devices) != 1 || spec.Devices[0].Name != slot {
+			t.Fatalf("CDI spec of %s defines %d devices", slot, len(spec.Devices))
+		}
+		e, m := map[string]string{}, map[string]string{}
+		for _, kv := range spec.Devices[0].ContainerEdits.Env {
+			k, v, _ := strings.Cut(kv, "=")
+			e[k] = v
+		}
+		for _, mt := range spec.Devices[0].ContainerEdits.Mounts {
+			m[mt.ContainerPath] = mt.HostPath
+		}
+		if env != nil && (!maps.Equal(env, e) || !maps.Equal(mounts, m)) {
+			t.Fatalf("the slots of one container carry different edits: %v %v", env, e)
+		}
+		env, mounts = e, m
 	}
 	return env, mounts
 }
@@ -387,6 +398,35 @@ func TestPlayground(t *testing.T) {
 	}
 	refused(t, client, forged, c.Nodes[2].Name, map[string]string{gpu.AnnotationAssignment: a},
 		playground.As(c.Config, deploy.SchedulerUser, nil), deviceplugin.ErrNotTesseraScheduled)
+
+	// An inventory overwritten with garbage (here by a token of that
+	// node's agent, the only identity the policies let write it) is
+	// restored by the agent, and a Warning event on the real API server
+	// says so.
+	garbage := []byte(`{"metadata":{"annotations":{"` + gpu.AnnotationInventory + `":"{\"v\":\"v1\",\"gpus\":[{\"memoryMiB\":300000}"}}}`)
+	agentOf2 := kubernetes.NewForConfigOrDie(playground.AsAgent(c.Config, c.Nodes[2].Name))
+	if _, err := agentOf2.CoreV1().Nodes().Patch(context.Background(), c.Nodes[2].Name, types.MergePatchType, garbage, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		n, err := inventory.FromNode(mustNode(t, client, c.Nodes[2].Name))
+		if err != nil || n == nil {
+			return false, nil
+		}
+		evs, err := client.EventsV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, e := range evs.Items {
+			if e.Reason == "GPUInventoryRestored" && e.Regarding.Name == c.Nodes[2].Name {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("garbage inventory on %s not restored with an event: %v", c.Nodes[2].Name, err)
+	}
 
 	// Deletion: kubelet stops the pod, releases its slots, removes it.
 	tsNode := byNode[pods["ts"].Spec.NodeName]

@@ -210,6 +210,8 @@ type podSpec struct {
 	cores       int
 	annotations map[string]string
 	priority    *int32
+	// zeroCores writes tessera.dev/gpu-cores: 0 explicitly.
+	zeroCores bool
 }
 
 func (c *cluster) createPod(ns string, p podSpec) *v1.Pod {
@@ -229,7 +231,7 @@ func makePod(ns string, p podSpec) *v1.Pod {
 	if p.memMi > 0 {
 		lim[gpu.ResourceMemory] = *resource.NewQuantity(p.memMi, resource.DecimalSI)
 	}
-	if p.cores > 0 {
+	if p.cores > 0 || p.zeroCores {
 		lim[gpu.ResourceCores] = *resource.NewQuantity(int64(p.cores), resource.DecimalSI)
 	}
 	return &v1.Pod{

@@ -17,6 +17,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/inventory"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
+	"github.com/tessera-gpu/tessera/pkg/preemption"
 )
 
 var zeroGrace = metav1.DeleteOptions{GracePeriodSeconds: new(int64)}
@@ -234,6 +235,13 @@ func TestMalformedRequestsStayPending(t *testing.T) {
 		"bad-mode":    {podSpec{gpus: 1, annotations: map[string]string{gpu.AnnotationSharing: "mig"}}, "tessera.dev/sharing"},
 		"mps-no-size": {podSpec{gpus: 1, annotations: map[string]string{gpu.AnnotationSharing: "mps"}}, "needs"},
 		"bad-class":   {podSpec{gpus: 1, memMi: 4096, annotations: map[string]string{gpu.AnnotationWorkload: "batch"}}, "tessera.dev/workload"},
+		// Values once taken silently (issue 15): an explicit 0, the
+		// preemption settings, and a huge value echoed in full.
+		"cores-0":    {podSpec{gpus: 1, memMi: 4096, annotations: map[string]string{}, zeroCores: true}, "tessera.dev/gpu-cores=0: must be 1–100"},
+		"bad-grace":  {podSpec{gpus: 1, memMi: 4096, annotations: map[string]string{preemption.AnnotationGrace: "soon"}}, `invalid preemption settings: annotation tessera.dev/checkpoint-grace: "soon" is not a duration`},
+		"bad-signal": {podSpec{gpus: 1, memMi: 4096, annotations: map[string]string{preemption.AnnotationSignal: "SIGKILL"}}, `"SIGKILL" is not one of`},
+		"bad-url":    {podSpec{gpus: 1, memMi: 4096, annotations: map[string]string{preemption.AnnotationURL: "http://attacker.example:80/"}}, "must be http://:<port>/<path>"},
+		"huge-value": {podSpec{gpus: 1, annotations: map[string]string{gpu.AnnotationSharing: strings.Repeat("x", 100_000)}}, "… (100000 bytes): want one of exclusive"},
 	}
 	for name, tc := range cases {
 		tc.pod.name = name
@@ -276,8 +284,8 @@ func TestMalformedRequestsStayPending(t *testing.T) {
 	for name, tc := range cases {
 		waitFor(t, 30*time.Second, name+" to be reported", func() bool { return c.unschedulableMessage(ns, name) != "" })
 		msg := c.unschedulableMessage(ns, name)
-		if !strings.Contains(msg, tc.want) {
-			t.Errorf("%s: condition %q, want it to say %q", name, msg, tc.want)
+		if !strings.Contains(msg, tc.want) || len(msg) > 2000 {
+			t.Errorf("%s: condition %.300q (%d bytes), want it to say %q", name, msg, len(msg), tc.want)
 		}
 	}
 	waitFor(t, 30*time.Second, "FailedScheduling events", func() bool {

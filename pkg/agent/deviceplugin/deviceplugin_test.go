@@ -195,7 +195,7 @@ func assignment(i int) *gpu.PodAssignment {
 
 func readSpec(t *testing.T, dir string, ids []string) map[string]any {
 	t.Helper()
-	b, err := os.ReadFile(deviceplugin.SpecPath(dir, ids))
+	b, err := os.ReadFile(deviceplugin.SpecPath(dir, ids[0]))
 	if err != nil {
 		t.Fatal(err)
 	}

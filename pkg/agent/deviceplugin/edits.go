@@ -96,37 +96,41 @@ type cdiDevice struct {
 	ContainerEdits Edits  `json:"containerEdits"`
 }
 
-// WriteSpec writes the CDI spec of the slots a container holds, all carrying
-// the container's edits, atomically (write then rename), in dir.
+// WriteSpec writes the CDI specs of the slots a container holds, each
+// carrying the container's edits, in dir: one file per slot, replaced
+// atomically (write then rename). A slot is thus defined in exactly one file
+// at every moment, whichever container held it before: the runtime refuses
+// a device defined twice, as a spec per container left behind by a deleted
+// pod did until it was collected.
 func WriteSpec(dir string, slots []string, e Edits) error {
-	spec := cdiSpec{Version: "0.6.0", Kind: CDIKind}
-	for _, s := range slots {
-		spec.Devices = append(spec.Devices, cdiDevice{Name: s, ContainerEdits: e})
-	}
-	b, err := json.MarshalIndent(spec, "", "  ")
-	if err != nil {
-		return err
-	}
-	path := SpecPath(dir, slots)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return err
+	for _, slot := range slots {
+		b, err := json.MarshalIndent(cdiSpec{Version: "0.6.0", Kind: CDIKind, Devices: []cdiDevice{{Name: slot, ContainerEdits: e}}}, "", "  ")
+		if err != nil {
+			return err
+		}
+		path := SpecPath(dir, slot)
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, b, 0o644); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			return err
+		}
 	}
-	return os.Rename(tmp, path)
+	return nil
 }
 
-// SpecPath is where the spec of a container's slots lives: one file per
-// container, named after its first slot.
-func SpecPath(dir string, slots []string) string {
-	s := append([]string(nil), slots...)
-	sort.Strings(s)
-	return filepath.Join(dir, "tessera-"+s[0]+".json")
+// SpecPath is where a slot's spec lives.
+func SpecPath(dir, slot string) string {
+	return filepath.Join(dir, "tessera-"+slot+".json")
 }
 
-// collectSpecs removes, in dir, the slot specs none of whose slots is held.
+// collectSpecs removes, in dir, the slot specs whose slot is not held, and
+// any of ours not in the one-slot-per-file form (an older agent's, which
+// could define a slot a second time).
 func collectSpecs(dir string, held map[string]bool) (int, error) {
 	paths, err := filepath.Glob(filepath.Join(dir, "tessera-*.json"))
 	if err != nil {
@@ -142,16 +146,14 @@ func collectSpecs(dir string, held map[string]bool) (int, error) {
 		if json.Unmarshal(b, &spec) != nil || spec.Kind != CDIKind {
 			continue // not ours
 		}
-		inUse := false
-		for _, d := range spec.Devices {
-			inUse = inUse || held[d.Name]
+		current := len(spec.Devices) == 1 && SpecPath(dir, spec.Devices[0].Name) == path
+		if current && held[spec.Devices[0].Name] {
+			continue
 		}
-		if !inUse {
-			if err := os.Remove(path); err != nil {
-				return removed, err
-			}
-			removed++
+		if err := os.Remove(path); err != nil {
+			return removed, err
 		}
+		removed++
 	}
 	return removed, nil
 }

@@ -2,6 +2,9 @@ package deviceplugin
 
 import (
 	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -66,5 +69,70 @@ func TestPreferredAllocation(t *testing.T) {
 	got := resp.ContainerResponses[0].DeviceIDs
 	if want := []string{"GPU-c-s3", "GPU-b-s0", "GPU-b-s1"}; !slices.Equal(got, want) {
 		t.Fatalf("preferred %v, want %v (required first, then the GPU with most free slots)", got, want)
+	}
+}
+
+// TestOneDefinitionPerDevice: a slot handed from a deleted pod's container
+// to a new one is defined in exactly one spec file at every moment (issue
+// 15: the runtime refuses a device defined twice, and the deleted pod's
+// spec still defined it until collected), and an older agent's multi-slot
+// spec is collected.
+func TestOneDefinitionPerDevice(t *testing.T) {
+	dir := t.TempDir()
+	definitions := func() map[string][]string {
+		out := map[string][]string{}
+		paths, _ := filepath.Glob(filepath.Join(dir, "*.json"))
+		for _, p := range paths {
+			b, err := os.ReadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var spec struct {
+				Devices []struct {
+					Name           string `json:"name"`
+					ContainerEdits struct {
+						Env []string `json:"env"`
+					} `json:"containerEdits"`
+				} `json:"devices"`
+			}
+			if err := json.Unmarshal(b, &spec); err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range spec.Devices {
+				out[d.Name] = append(out[d.Name], d.ContainerEdits.Env[0])
+			}
+		}
+		return out
+	}
+	old := Edits{Env: []string{"NVIDIA_VISIBLE_DEVICES=GPU-1,GPU-2"}}
+	if err := WriteSpec(dir, []string{"GPU-1-s3", "GPU-2-s5"}, old); err != nil {
+		t.Fatal(err)
+	}
+	// The pod is deleted; before any collection, a new container gets
+	// GPU-2-s5.
+	if err := WriteSpec(dir, []string{"GPU-2-s5"}, Edits{Env: []string{"NVIDIA_VISIBLE_DEVICES=GPU-2"}}); err != nil {
+		t.Fatal(err)
+	}
+	defs := definitions()
+	for dev, envs := range defs {
+		if len(envs) != 1 {
+			t.Errorf("%s defined %d times: %v", dev, len(envs), envs)
+		}
+	}
+	if got := defs["GPU-2-s5"]; len(got) == 0 || got[0] != "NVIDIA_VISIBLE_DEVICES=GPU-2" {
+		t.Errorf("GPU-2-s5 resolves to %v, want the new container's GPU", got)
+	}
+	// An older agent's spec of two slots, and a spec of a slot no one
+	// holds, are collected; held slots keep theirs.
+	legacy := `{"cdiVersion":"0.6.0","kind":"tessera.dev/gpu","devices":[{"name":"GPU-3-s0","containerEdits":{"env":["A=1"]}},{"name":"GPU-3-s1","containerEdits":{"env":["A=1"]}}]}`
+	if err := os.WriteFile(filepath.Join(dir, "tessera-GPU-3-s0.json"), []byte(legacy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n, err := collectSpecs(dir, map[string]bool{"GPU-2-s5": true, "GPU-3-s0": true})
+	if err != nil || n != 2 {
+		t.Fatalf("collected %d, %v; want GPU-1-s3's and the legacy spec", n, err)
+	}
+	if defs := definitions(); len(defs) != 1 || len(defs["GPU-2-s5"]) != 1 {
+		t.Fatalf("left %v", defs)
 	}
 }

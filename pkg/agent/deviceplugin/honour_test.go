@@ -167,7 +167,7 @@ func TestPreStartRefusesWhatTheNodeCannotHonour(t *testing.T) {
 		if !errors.Is(err, deviceplugin.ErrCannotHonour) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want a refusal saying %q", tc.slot, err, tc.want)
 		}
-		if _, err := os.Stat(deviceplugin.SpecPath(cdi, []string{tc.slot})); !os.IsNotExist(err) {
+		if _, err := os.Stat(deviceplugin.SpecPath(cdi, tc.slot)); !os.IsNotExist(err) {
 			t.Errorf("%s: a CDI spec was written (%v)", tc.slot, err)
 		}
 	}
