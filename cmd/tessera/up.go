@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -30,7 +29,7 @@ func runUp(args []string, stdout, stderr io.Writer) int {
 		demo    = fs.Bool("demo", false, "submit a sample workload, print where it landed, and exit")
 		keep    = fs.Bool("keep", false, "with --demo: stay up afterwards until Ctrl-C")
 		mps     = fs.Int("mps-nodes", -1, "how many nodes run their GPUs in MPS mode (default: half, rounded up)")
-		verbose = fs.Int("v", 0, "log verbosity of the components (their log goes to <dir>/tessera-up.log)")
+		verbose = fs.Int("v", 0, "log verbosity of the components (their log goes to $TMPDIR/tessera-up-*.log, kept on exit)")
 	)
 	fs.IntVar(&opts.Nodes, "nodes", 4, "simulated GPU nodes")
 	fs.IntVar(&opts.GPUsPerNode, "gpus-per-node", 8, "GPUs per node (1–8)")
@@ -62,12 +61,23 @@ func runUp(args []string, stdout, stderr io.Writer) int {
 	}
 	defer os.RemoveAll(dir)
 	opts.Dir = dir
-	logPath := filepath.Join(dir, "tessera-up.log")
+	// The log outlives the state directory: it is what to read when
+	// something went wrong, after the fact.
+	logFile, err := os.CreateTemp("", "tessera-up-*.log")
+	if err != nil {
+		fmt.Fprintf(stderr, "tessera up: %v\n", err)
+		return exitError
+	}
+	logPath := logFile.Name()
+	logFile.Close()
 	if err := logToFile(logPath, *verbose); err != nil {
 		fmt.Fprintf(stderr, "tessera up: %v\n", err)
 		return exitError
 	}
-	defer klog.Flush()
+	defer func() {
+		klog.Flush()
+		fmt.Fprintf(stdout, "Components' log kept at %s\n", logPath)
+	}()
 
 	start := time.Now()
 	fmt.Fprintf(stdout, "Starting %d %s nodes × %d GPUs (%d in MPS mode) …\n", opts.Nodes, opts.Model, opts.GPUsPerNode, opts.MPSNodes)

@@ -19,7 +19,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	v1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -118,7 +117,14 @@ type Agent struct {
 	reclaimer *reclaim.Reclaimer
 	preemptMu sync.Mutex
 	victims   map[types.UID]*victim
-	reclaimed []string
+	// eventsSeen are the events recorded lately, so a repeat extends its
+	// series (events.go).
+	eventsMu   sync.Mutex
+	eventsSeen map[string]*eventSeries
+	// lastNoticeSweep is when preemptionPass last removed the notice
+	// directories of pods that left (its goroutine alone uses it).
+	lastNoticeSweep time.Time
+	reclaimed       []string
 
 	// timeSlices keeps time-shared GPUs at their class; nil when no way to
 	// set one was found (noTimeSlicer says why) or the node runs MPS.
@@ -460,32 +466,6 @@ func (a *Agent) Adjust(ctx context.Context, util map[string]float64, now time.Ti
 // write events still serves its GPUs.
 func (a *Agent) event(ctx context.Context, now time.Time, kind, reason, action, note string) {
 	a.eventOn(ctx, now, v1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: a.opts.Node}, kind, reason, action, note)
-}
-
-// eventOn records an event about regarding (a Node, or a Pod in its
-// namespace).
-func (a *Agent) eventOn(ctx context.Context, now time.Time, regarding v1.ObjectReference, kind, reason, action, note string) {
-	ns := regarding.Namespace
-	if ns == "" {
-		ns = metav1.NamespaceDefault
-	}
-	ev := &eventsv1.Event{
-		// Named as client-go's recorder names events: a generateName of
-		// "<name>." is refused by the API server (a DNS subdomain cannot
-		// end in a dot), so no event was ever recorded.
-		ObjectMeta:          metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", regarding.Name, now.UnixNano()), Namespace: ns},
-		EventTime:           metav1.NewMicroTime(now),
-		ReportingController: "tessera.dev/agent",
-		ReportingInstance:   "tessera-agent-" + a.opts.Node,
-		Action:              action,
-		Reason:              reason,
-		Regarding:           regarding,
-		Note:                note,
-		Type:                kind,
-	}
-	if _, err := a.opts.Client.EventsV1().Events(ns).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
-		klog.FromContext(ctx).V(2).Info("Could not record event", "reason", reason, "err", err)
-	}
 }
 
 var assignmentChanges = prometheus.NewCounterVec(prometheus.CounterOpts{

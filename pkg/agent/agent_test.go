@@ -12,12 +12,10 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
 	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
@@ -320,17 +318,52 @@ func TestInventoryIsRestored(t *testing.T) {
 			t.Fatalf("%s: the inventory was not restored: %v", tc.name, err)
 		}
 	}
-	// Counted as sent: the fake API server does not generate names, so it
-	// keeps only the first of two events.
+	evs, err := client.EventsV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	restored := 0
-	for _, act := range client.Actions() {
-		if c, ok := act.(k8stesting.CreateAction); ok && act.GetResource().Resource == "events" {
-			if e, ok := c.GetObject().(*eventsv1.Event); ok && e.Reason == "GPUInventoryRestored" {
-				restored++
+	for _, e := range evs.Items {
+		if e.Reason == "GPUInventoryRestored" {
+			restored++
+			if e.Series != nil {
+				restored += int(e.Series.Count) - 1
 			}
 		}
 	}
 	if restored != 2 {
 		t.Errorf("%d GPUInventoryRestored events, want 2", restored)
+	}
+}
+
+// TestRepeatedEventsAggregate: the same event again (a retry every minute)
+// extends the first one's series instead of adding one event per retry
+// (issue 15); another note is another event.
+func TestRepeatedEventsAggregate(t *testing.T) {
+	client := newNode()
+	a := &Agent{opts: Options{Node: "n1", Client: client}}
+	ctx, t0 := context.Background(), time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	for i := range 3 {
+		a.event(ctx, t0.Add(time.Duration(i)*time.Minute), v1.EventTypeWarning, "TimeSliceNotSet", "SetTimeSlice", "nvidia-smi failed: exit 9")
+	}
+	a.event(ctx, t0.Add(3*time.Minute), v1.EventTypeWarning, "TimeSliceNotSet", "SetTimeSlice", "nvidia-smi failed: exit 3")
+	evs, err := client.EventsV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs.Items) != 2 {
+		t.Fatalf("%d events, want 2 (one series of 3, one single)", len(evs.Items))
+	}
+	for _, e := range evs.Items {
+		switch e.Note {
+		case "nvidia-smi failed: exit 9":
+			if e.Series == nil || e.Series.Count != 3 || !e.Series.LastObservedTime.Time.Equal(t0.Add(2*time.Minute)) {
+				t.Errorf("series %+v, want count 3 last seen at +2m", e.Series)
+			}
+		case "nvidia-smi failed: exit 3":
+			if e.Series != nil {
+				t.Errorf("a single event has a series %+v", e.Series)
+			}
+		}
 	}
 }

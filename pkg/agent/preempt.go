@@ -49,9 +49,11 @@ func (a *Agent) preemptionPass(ctx context.Context, now time.Time) {
 		return
 	}
 	logger := klog.FromContext(ctx)
+	onNode := map[types.UID]bool{}
 	running := map[types.UID]bool{}   // pods whose containers may still run
 	withdrawn := map[types.UID]bool{} // running, and no longer under notice
 	for _, p := range a.opts.NodePods() {
+		onNode[p.UID] = true
 		if !podgpu.Finished(p) {
 			running[p.UID] = true
 		}
@@ -76,6 +78,10 @@ func (a *Agent) preemptionPass(ctx context.Context, now time.Time) {
 			}
 		}
 	}
+	if now.Sub(a.lastNoticeSweep) >= noticeSweepEvery {
+		a.lastNoticeSweep = now
+		a.sweepNoticeDirs(ctx, onNode)
+	}
 	a.preemptMu.Lock()
 	var gone []types.UID
 	for uid, v := range a.victims {
@@ -97,6 +103,35 @@ func (a *Agent) preemptionPass(ctx context.Context, now time.Time) {
 	a.preemptMu.Unlock()
 	for _, uid := range gone {
 		go a.reclaimVictim(ctx, uid)
+	}
+}
+
+// noticeSweepEvery is how often the notice directories of pods that left
+// are removed.
+const noticeSweepEvery = 10 * time.Second
+
+// sweepNoticeDirs removes the notice directory of every pod no longer on
+// this node (one is made for every GPU container, victim or not), except
+// victims still being reclaimed: their directories go when reclaim ends.
+// The node's pods come from the informer the device plugin reads, so a
+// directory made for a pod is never older than the pod's entry there.
+func (a *Agent) sweepNoticeDirs(ctx context.Context, onNode map[types.UID]bool) {
+	entries, err := os.ReadDir(a.opts.NoticeRoot)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			klog.FromContext(ctx).Error(err, "Listing preemption notice directories")
+		}
+		return
+	}
+	a.preemptMu.Lock()
+	defer a.preemptMu.Unlock()
+	for _, e := range entries {
+		uid := types.UID(e.Name())
+		if e.IsDir() && !onNode[uid] && a.victims[uid] == nil {
+			if err := os.RemoveAll(filepath.Join(a.opts.NoticeRoot, e.Name())); err != nil {
+				klog.FromContext(ctx).Error(err, "Removing a preemption notice directory", "uid", uid)
+			}
+		}
 	}
 }
 

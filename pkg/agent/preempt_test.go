@@ -197,3 +197,34 @@ func TestNoticeTrustsNothingThePodPlaced(t *testing.T) {
 	case <-time.After(300 * time.Millisecond):
 	}
 }
+
+// TestNoticeDirsOfPodsThatLeftAreRemoved: every GPU container's pod gets a
+// notice directory; they went away only for victims (issue 15: 364 left
+// for 2 live pods). A pod's directory goes once it is off the node; a live
+// pod's and a victim's being reclaimed stay.
+func TestNoticeDirsOfPodsThatLeftAreRemoved(t *testing.T) {
+	srv := dgxh100.New()
+	nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{SMCount: 132} })
+	root := t.TempDir()
+	for _, uid := range []string{"live", "left-1", "left-2", "reclaiming"} {
+		if err := os.MkdirAll(filepath.Join(root, uid), 0o777); err != nil {
+			t.Fatal(err)
+		}
+	}
+	live := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "live"}, Spec: v1.PodSpec{NodeName: "n1"}}
+	a, err := New(Options{Node: "n1", Config: config.Default(), Client: newNode(), NVML: srv, CDIDir: t.TempDir(),
+		ProcRoot: t.TempDir(), NodePods: func() []*v1.Pod { return []*v1.Pod{live} }, NoticeRoot: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.victims["reclaiming"] = &victim{namespace: "ns", name: "v", reclaiming: true}
+	a.preemptionPass(context.Background(), time.Now())
+	entries, _ := os.ReadDir(root)
+	var left []string
+	for _, e := range entries {
+		left = append(left, e.Name())
+	}
+	if fmt.Sprint(left) != "[live reclaiming]" {
+		t.Fatalf("notice directories left: %v, want [live reclaiming]", left)
+	}
+}

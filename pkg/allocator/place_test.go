@@ -169,7 +169,7 @@ func TestPlaceDecisionOrder(t *testing.T) {
 			name:   "whole GPUs must be free",
 			before: []*gpu.Request{slice(1024, 10), {Containers: []gpu.ContainerRequest{{GPUs: 1}}}},
 			req:    &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1}}},
-			reason: "wants 1 whole GPUs, 0 are free",
+			reason: "wants 1 whole GPU, 0 are free",
 		},
 		{
 			name: "two containers never share a GPU",
@@ -394,5 +394,22 @@ func TestSliceCountCapsSharing(t *testing.T) {
 	}
 	if m.GPUs[0].Tenants() != 2 {
 		t.Fatalf("%d tenants booked", m.GPUs[0].Tenants())
+	}
+}
+
+// TestWholeGPUReasonReadsRight: counts agree with their nouns ("1 are
+// free" was issue 15's).
+func TestWholeGPUReasonReadsRight(t *testing.T) {
+	for _, tc := range []struct {
+		want, have int64
+		text       string
+	}{
+		{1, 0, "wants 1 whole GPU, 0 are free"},
+		{2, 1, "wants 2 whole GPUs, 1 is free"},
+		{8, 3, "wants 8 whole GPUs, 3 are free"},
+	} {
+		if got := (Reason{Code: NotEnoughWholeGPUs, Want: tc.want, Have: tc.have}).String(); got != tc.text {
+			t.Errorf("%q, want %q", got, tc.text)
+		}
 	}
 }

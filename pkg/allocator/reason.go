@@ -65,7 +65,7 @@ func (r Reason) String() string {
 	case NoHealthyGPU:
 		return "no healthy GPU"
 	case NotEnoughWholeGPUs:
-		return fmt.Sprintf("wants %d whole GPUs, %d are free", r.Want, r.Have)
+		return fmt.Sprintf("wants %s, %s", count(r.Want, "whole GPU", "whole GPUs"), count(r.Have, "is free", "are free"))
 	case NoFragment:
 		if r.GPU < 0 {
 			return fmt.Sprintf("no GPU with %d MiB and %d%% cores free", r.Want, pct(r.WantCores))
@@ -122,4 +122,12 @@ func Summarize(reasons []Reason) string {
 		parts[i] = fmt.Sprintf("%d× %s", groups[c].count, groups[c].first)
 	}
 	return fmt.Sprintf("%d/%d nodes fit: %s", fit, len(reasons), strings.Join(parts, "; "))
+}
+
+// count is n and the word for one or for several, for messages.
+func count(n int64, one, several string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, several)
 }

@@ -175,3 +175,18 @@ func TestPreStartRefusesWhatTheNodeCannotHonour(t *testing.T) {
 		t.Fatalf("the tenant placed first was refused: %v", err)
 	}
 }
+
+// TestRefusalNamesThePodOnce: a refusal's message names the pod once (issue
+// 15: "pod default/x: pod default/x: …").
+func TestRefusalNamesThePodOnce(t *testing.T) {
+	bad := gpuPod(t, 0, assignment(0))
+	bad.Name = "bad"
+	bad.Annotations[gpu.AnnotationAssignment] = `{"v":"v1","node":`
+	p := deviceplugin.New(deviceplugin.Config{Node: node, CDIDir: t.TempDir(),
+		Holder: holderByIDs{"GPU-0-s0": {"ns", "bad", "main"}},
+		Pods:   func(string, string) *v1.Pod { return bad }})
+	_, err := p.PreStartContainer(context.Background(), &pluginapi.PreStartContainerRequest{DevicesIds: []string{"GPU-0-s0"}})
+	if err == nil || strings.Count(err.Error(), "ns/bad") != 1 {
+		t.Fatalf("refusal %v, want the pod named once", err)
+	}
+}

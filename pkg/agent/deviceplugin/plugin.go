@@ -285,7 +285,7 @@ func (p *Plugin) editsFor(ns, name, container string, slots int) (Edits, error) 
 	}
 	a, err := podgpu.BoundAssignment(pod)
 	if err != nil {
-		return Edits{}, fmt.Errorf("pod %s/%s: %w", ns, name, err)
+		return Edits{}, err // it names the pod
 	}
 	if a == nil || a.Node != p.node {
 		return Edits{}, fmt.Errorf("pod %s/%s (bound to %q) was not placed here by tessera-scheduler: %w", ns, name, pod.Spec.NodeName, ErrNoAssignment)
