@@ -46,7 +46,9 @@ type Cache struct {
 	// onNodeChange is called, without locks, with a node whose usage or
 	// inventory changed (metrics).
 	onNodeChange func(name string, n *allocator.Node)
-	onNodeGone   func(name string, gpus []allocator.GPU)
+	// onNodeGone is called, without locks, with GPUs whose series must go:
+	// all of a node that left, or those that left a node's inventory.
+	onNodeGone func(name string, gpus []allocator.GPU)
 }
 
 type nodeState struct {
@@ -152,6 +154,20 @@ func (c *Cache) SetNode(raw string, inv *gpu.NodeInventory) ([]string, error) {
 			rec.booked, rec.refused = true, false
 		}
 	}
+	// GPUs the node no longer reports (or reports as another index or
+	// model) lose their series.
+	var left []allocator.GPU
+	if old, ok := c.nodes[inv.Node]; ok {
+		now := map[string]bool{}
+		for _, g := range n.GPUs {
+			now[gpuSeries(&g)] = true
+		}
+		for _, g := range old.node.GPUs {
+			if !now[gpuSeries(&g)] {
+				left = append(left, g)
+			}
+		}
+	}
 	c.nodes[inv.Node] = &nodeState{node: n, raw: raw, reclaimed: reclaimed}
 	c.maxGPUMemMiB = 0
 	for _, s := range c.nodes {
@@ -161,11 +177,19 @@ func (c *Cache) SetNode(raw string, inv *gpu.NodeInventory) ([]string, error) {
 	}
 	snap := n.Clone()
 	c.mu.Unlock()
+	if len(left) > 0 && c.onNodeGone != nil {
+		c.onNodeGone(inv.Node, left)
+	}
 	if c.onNodeChange != nil {
 		c.onNodeChange(inv.Node, snap)
 	}
 	sort.Strings(overfull)
 	return overfull, nil
+}
+
+// gpuSeries identifies a GPU's metric series (its labels but the node's).
+func gpuSeries(g *allocator.GPU) string {
+	return fmt.Sprintf("%s/%d/%s", g.UUID, g.Index, g.Model)
 }
 
 // RemoveNode forgets a node's inventory; its pods' bookings are kept for its

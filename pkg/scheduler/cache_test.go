@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	metricstestutil "k8s.io/component-base/metrics/testutil"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 
@@ -518,5 +519,43 @@ func TestUnreadableInventoryReason(t *testing.T) {
 	}
 	if got := truncate(strings.Repeat("é", 200), 201); len(got) > 204 || !strings.HasSuffix(got, "…") {
 		t.Fatalf("truncate: %q", got)
+	}
+}
+
+// TestStaleSeriesGo: a GPU that leaves a node's inventory loses its series,
+// and the orphan gauge follows pods that leave (issue 15: series stayed
+// forever, and orphaned_pods stayed at 6 after the pods were gone).
+func TestStaleSeriesGo(t *testing.T) {
+	registerMetrics()
+	p := &Plugin{shared: &shared{cache: NewCache(1.5)}}
+	var gone []string
+	p.cache.onNodeGone = func(name string, gpus []allocator.GPU) {
+		for _, g := range gpus {
+			gone = append(gone, name+"/"+g.UUID)
+		}
+	}
+	if _, err := p.cache.SetNode("v1", testInventory("n1", 3, 81920, false)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.cache.SetNode("v2", testInventory("n1", 2, 81920, false)); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(gone) != "[n1/GPU-n1-2]" {
+		t.Fatalf("series dropped for %v, want GPU-n1-2's", gone)
+	}
+
+	logger := klog.Background()
+	a, _ := gpu.EncodeAssignment(&gpu.PodAssignment{Node: "elsewhere", Containers: []gpu.ContainerAssignment{{Name: "m", Mode: gpu.ModeExclusive,
+		GPUs: []gpu.GPUGrant{{UUID: "GPU-x", MemoryMiB: 81920, CoresPerMille: 1000}}}}})
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "u1", Annotations: map[string]string{gpu.AnnotationAssignment: a}},
+		Spec: v1.PodSpec{NodeName: "elsewhere", Containers: []v1.Container{{Name: "m", Resources: v1.ResourceRequirements{
+			Limits: v1.ResourceList{gpu.ResourceGPU: resource.MustParse("1")}}}}}}
+	p.onPod(logger, pod, false)
+	if v, _ := metricstestutil.GetGaugeMetricValue(orphanedPods); v != 1 {
+		t.Fatalf("orphaned_pods = %v with one pod on a node without inventory", v)
+	}
+	p.onPodDelete(pod)
+	if v, _ := metricstestutil.GetGaugeMetricValue(orphanedPods); v != 0 {
+		t.Fatalf("orphaned_pods = %v after the pod left", v)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -86,6 +87,8 @@ type shared struct {
 	// unreadable holds, per node, why its inventory annotation could not be
 	// used, for the pods' reason.
 	unreadable sync.Map
+	// lastOrphans is the orphan list last logged, joined.
+	lastOrphans atomic.Value
 }
 
 var (
@@ -488,6 +491,7 @@ func (p *Plugin) onPod(logger klog.Logger, obj any, added bool) {
 	}
 	if podgpu.Finished(pod) {
 		p.cache.Gone(pod.UID, preemption.IsVictim(pod))
+		p.reportOrphans(logger)
 		return
 	}
 	if added {
@@ -528,6 +532,7 @@ func (p *Plugin) onPodDelete(obj any) {
 	}
 	if pod, ok := obj.(*v1.Pod); ok {
 		p.cache.Gone(pod.UID, preemption.IsVictim(pod))
+		p.reportOrphans(klog.Background())
 		prefix := string(pod.UID) + "/"
 		p.warned.Range(func(k, _ any) bool {
 			if s := k.(string); len(s) > len(prefix) && s[:len(prefix)] == prefix {
@@ -586,10 +591,13 @@ func (p *Plugin) onNodeDelete(logger klog.Logger, obj any) {
 // reportOrphans publishes the number of bound pods whose GPUs are counted on
 // no node, and logs them: they are invisible to placement until their node's
 // inventory returns, which an operator must know.
+// It is called whenever the set may have changed (a pod gone too), and logs
+// only when the set did change.
 func (p *Plugin) reportOrphans(logger klog.Logger) {
 	o := p.cache.Orphans()
 	orphanedPods.Set(float64(len(o)))
-	if len(o) > 0 {
+	key := strings.Join(o, ",")
+	if prev, _ := p.lastOrphans.Swap(key).(string); prev != key && len(o) > 0 {
 		logger.Info("Bound GPU pods are on nodes without a usable GPU inventory", "count", len(o), "pods", o)
 	}
 }

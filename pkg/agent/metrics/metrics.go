@@ -22,6 +22,7 @@ package metrics
 
 import (
 	"math"
+	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -95,11 +96,12 @@ type Sampler struct {
 	health   *health.Tracker
 	slices   Slices
 
-	mu     sync.Mutex
-	models map[string]string // UUID → model, read once
-	stalls map[string]*Stall
-	window time.Duration
-	snap   []gpuSnapshot
+	mu      sync.Mutex
+	models  map[string]string // UUID → model, read once
+	indices map[string]int    // UUID → index, read once
+	stalls  map[string]*Stall
+	window  time.Duration
+	snap    []gpuSnapshot
 }
 
 type gpuSnapshot struct {
@@ -120,12 +122,13 @@ type tenantUse struct {
 // series), slices may be nil (no slice series).
 func NewSampler(node string, gpus *nvml.Client, resolver *tenants.Resolver, tracker *health.Tracker, slices Slices, stallWindow time.Duration) *Sampler {
 	s := &Sampler{node: node, gpus: gpus, resolver: resolver, health: tracker, slices: slices,
-		models: map[string]string{}, stalls: map[string]*Stall{}, window: stallWindow}
+		models: map[string]string{}, indices: map[string]int{}, stalls: map[string]*Stall{}, window: stallWindow}
 	// The GPUs as read at start: their models label every series, and one
 	// that stops enumerating later is reported lost.
 	devs, _ := gpus.Devices()
 	for _, d := range devs {
 		s.models[d.UUID] = d.Model
+		s.indices[d.UUID] = d.Index
 	}
 	return s
 }
@@ -154,11 +157,14 @@ func (s *Sampler) Pass(now time.Time) error {
 	for _, u := range usage {
 		seen[u.UUID] = true
 	}
+	var vanished []string
 	for uuid := range s.models {
 		if !seen[uuid] {
 			s.health.Lost(uuid, now)
+			vanished = append(vanished, uuid)
 		}
 	}
+	sort.Strings(vanished)
 	var counts map[string]SliceCount
 	if s.slices != nil {
 		counts = s.slices()
@@ -200,6 +206,13 @@ func (s *Sampler) Pass(now time.Time) error {
 				tu.sm += p.SMUtil
 			}
 		}
+		snap = append(snap, g)
+	}
+	// A vanished GPU keeps its series, tessera_gpu_healthy at 0 first of
+	// all: an alert on unhealthy GPUs must see it.
+	for _, uuid := range vanished {
+		g := gpuSnapshot{usage: nvml.DeviceUsage{UUID: uuid, Index: s.indices[uuid], Lost: true}, model: s.models[uuid], slices: counts[uuid]}
+		g.healthy, _, _ = s.health.Healthy(uuid, now)
 		snap = append(snap, g)
 	}
 	s.snap = snap

@@ -292,4 +292,14 @@ func TestVanishedGPUIsLost(t *testing.T) {
 	if ok, reason, _ := n.tracker.Healthy(uuid7, now.Add(time.Hour)); ok || !strings.Contains(reason, "lost") {
 		t.Fatalf("vanished GPU healthy=%v (%q)", ok, reason)
 	}
+	// Its series stay, tessera_gpu_healthy at 0 (issue 15: it lost them
+	// all, so the unhealthy-GPU alert never fired), with its index; no
+	// reading is made up for it.
+	fams := scrape(t, n.sampler)
+	if got, ok := value(t, fams, "tessera_gpu_healthy", map[string]string{"gpu": uuid7, "index": "7"}); !ok || got != 0 {
+		t.Errorf("vanished GPU: tessera_gpu_healthy = %v (present %v), want 0", got, ok)
+	}
+	if _, ok := value(t, fams, "tessera_gpu_memory_used_bytes", map[string]string{"gpu": uuid7}); ok {
+		t.Error("a vanished GPU reports memory")
+	}
 }
