@@ -21,6 +21,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -37,8 +38,9 @@ type Tenant struct {
 	Mode                      gpu.SharingMode
 	MemoryMiB                 int64
 	CoresPercent              int
-	// State is the pod's phase, Terminating, or Preempting (it holds a
-	// preemption notice).
+	// State is the pod's phase, Terminating, Preempting (it holds a
+	// preemption notice), or NotStarted (bound with its slices booked, no
+	// container started yet), with the reason a container waits.
 	State string
 	// Live usage, when an agent reported it.
 	Live          bool
@@ -55,15 +57,48 @@ type GPU struct {
 	MemoryMiB int64
 	Healthy   bool
 	Slices    int
-	Tenants   []Tenant
+	// MPS: the GPU runs MPS (its agent's inventory says so); the agent
+	// keeps it in exclusive-process mode, where no tenant can time-slice.
+	MPS     bool
+	Tenants []Tenant
 }
 
-// Mode is the GPU's sharing mode as its tenants hold it ("free" when none).
+// Mode is the GPU's sharing mode: "free" without tenants, "exclusive" when a
+// tenant holds it whole, else the mode the GPU runs (its inventory's, never
+// guessed from a tenant's record).
 func (g GPU) Mode() string {
 	if len(g.Tenants) == 0 {
 		return "free"
 	}
-	return string(g.Tenants[0].Mode)
+	for _, t := range g.Tenants {
+		if t.Mode == gpu.ModeExclusive {
+			return string(gpu.ModeExclusive)
+		}
+	}
+	if g.MPS {
+		return string(gpu.ModeMPS)
+	}
+	return string(gpu.ModeTimeSlicing)
+}
+
+// maxOversubscription is the most memory oversubscription any
+// configuration allows (allocator.memoryOversubscription ≤ 1.5).
+const maxOversubscription = 1.5
+
+// memory is the MEMORY column: granted/capacity, and the oversubscription
+// factor when the grants exceed the GPU's memory, said to be within what a
+// configuration may allow or over it.
+func (g GPU) memory() string {
+	granted := g.GrantedMiB()
+	out := fmt.Sprintf("%d/%d", granted, g.MemoryMiB)
+	if g.MemoryMiB <= 0 || granted <= g.MemoryMiB {
+		return out
+	}
+	f := float64(granted) / float64(g.MemoryMiB)
+	if f <= maxOversubscription {
+		return out + fmt.Sprintf(" (%.2f× oversubscribed)", f)
+	}
+	return out + fmt.Sprintf(" (%.2f×, OVER the %.1f× limit)", f, maxOversubscription)
 }
 
 // GrantedMiB and GrantedCores sum the tenants' grants.
@@ -89,6 +124,11 @@ type Snapshot struct {
 	GPUs []GPU
 	// Pending counts GPU pods not yet placed.
 	Pending int
+	// NotStarted counts pods holding slices whose containers never started.
+	NotStarted int
+	// Unreadable lists the nodes whose inventory annotation could not be
+	// read, with why: their GPUs are unknown, not absent.
+	Unreadable []string
 }
 
 // Collect reads the inventories and the pods' assignments.
@@ -105,13 +145,17 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 	byUUID := map[string]int{}
 	for i := range nodes.Items {
 		inv, err := inventory.FromNode(&nodes.Items[i])
-		if err != nil || inv == nil {
+		if err != nil {
+			snap.Unreadable = append(snap.Unreadable, fmt.Sprintf("%s: GPU inventory (%s) unreadable: %v", nodes.Items[i].Name, gpu.AnnotationInventory, err))
+			continue
+		}
+		if inv == nil {
 			continue
 		}
 		for _, d := range inv.GPUs {
 			byUUID[d.UUID] = len(snap.GPUs)
 			snap.GPUs = append(snap.GPUs, GPU{Node: inv.Node, Index: d.Index, UUID: d.UUID, Model: d.Model,
-				MemoryMiB: d.MemoryMiB, Healthy: d.Healthy, Slices: d.Slices})
+				MemoryMiB: d.MemoryMiB, Healthy: d.Healthy, Slices: d.Slices, MPS: d.MPSCapable})
 		}
 	}
 	for i := range pods.Items {
@@ -132,6 +176,15 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 			state = "Terminating"
 		case preemption.IsVictim(p):
 			state = "Preempting"
+		case p.Status.Phase == v1.PodPending || p.Status.Phase == "":
+			state = "NotStarted"
+			for _, cs := range p.Status.ContainerStatuses {
+				if cs.State.Waiting != nil && cs.State.Waiting.Reason != "" {
+					state += " (" + cs.State.Waiting.Reason + ")"
+					break
+				}
+			}
+			snap.NotStarted++
 		}
 		var prio int32
 		if p.Spec.Priority != nil {
@@ -319,8 +372,8 @@ func Render(w io.Writer, s *Snapshot) error {
 				i = j
 			}
 		}
-		head := fmt.Sprintf("%s\t%s\t%s\t%s\t%d/%d\t%d/%d\t%d%%", g.Node, index, shortModel(g.Model), mode,
-			len(g.Tenants), g.Slices, g.GrantedMiB(), g.MemoryMiB, g.GrantedCores())
+		head := fmt.Sprintf("%s\t%s\t%s\t%s\t%d/%d\t%s\t%d%%", g.Node, index, shortModel(g.Model), mode,
+			len(g.Tenants), g.Slices, g.memory(), g.GrantedCores())
 		if len(g.Tenants) == 0 {
 			fmt.Fprintln(tw, head+"\t-\t\t\t\t\t\t")
 			continue
@@ -346,6 +399,16 @@ func Render(w io.Writer, s *Snapshot) error {
 	// Lines of free GPUs end in padding for the tenant columns.
 	for _, line := range strings.SplitAfter(buf.String(), "\n") {
 		if _, err := io.WriteString(w, strings.TrimRight(line, " \n")+strings.Repeat("\n", strings.Count(line, "\n"))); err != nil {
+			return err
+		}
+	}
+	for _, u := range s.Unreadable {
+		if _, err := fmt.Fprintf(w, "%s; its GPUs are not shown\n", u); err != nil {
+			return err
+		}
+	}
+	if s.NotStarted > 0 {
+		if _, err := fmt.Fprintf(w, "%d GPU pod(s) hold slices but have not started (STATE NotStarted)\n", s.NotStarted); err != nil {
 			return err
 		}
 	}

@@ -133,3 +133,50 @@ func TestCollectAndRender(t *testing.T) {
 		}
 	}
 }
+
+// TestRenderTellsTheTruth (issue 15): a pod that never started is shown as
+// such and counted, an MPS GPU is labelled mps whatever a tenant's record
+// says, a node whose inventory is unreadable is named with why, and memory
+// oversubscription within what a configuration allows reads as such.
+func TestRenderTellsTheTruth(t *testing.T) {
+	inv := &gpu.NodeInventory{Node: "node-2", GPUs: []gpu.Device{
+		{Index: 0, UUID: "GPU-a", Model: "H100", MemoryMiB: 81920, Healthy: true, Slices: 8, MPSCapable: true},
+		{Index: 1, UUID: "GPU-b", Model: "H100", MemoryMiB: 81920, Healthy: true, Slices: 8},
+	}}
+	raw, _ := gpu.EncodeInventory(inv)
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-2", Annotations: map[string]string{gpu.AnnotationInventory: string(raw)}}}
+	broken := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-3", Annotations: map[string]string{gpu.AnnotationInventory: `{"v":"v1","gpus":[`}}}
+	on := func(uuid string, mode gpu.SharingMode, mem int64, cores int) *gpu.PodAssignment {
+		return &gpu.PodAssignment{Node: "node-2", Containers: []gpu.ContainerAssignment{{Name: "main", Mode: mode,
+			GPUs: []gpu.GPUGrant{{UUID: uuid, MemoryMiB: mem, CoresPerMille: cores}}}}}
+	}
+	refused := gpuPod("refused", "node-2", on("GPU-a", gpu.ModeTimeSlicing, 8192, 100), nil)
+	refused.Status = v1.PodStatus{Phase: v1.PodPending, ContainerStatuses: []v1.ContainerStatus{{Name: "main",
+		State: v1.ContainerState{Waiting: &v1.ContainerStateWaiting{Reason: "RunContainerError", Message: "no Tessera GPU assignment covers this container"}}}}}
+	client := fake.NewClientset(node, broken, refused,
+		gpuPod("a", "node-2", on("GPU-b", gpu.ModeTimeSlicing, 61440, 300), nil),
+		gpuPod("b", "node-2", on("GPU-b", gpu.ModeTimeSlicing, 40960, 300), nil))
+	snap, err := Collect(context.Background(), client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if err := Render(&out, snap); err != nil {
+		t.Fatal(err)
+	}
+	text := out.String()
+	for _, want := range []string{
+		"node-2  0    H100   mps ",
+		"ns/refused/main", "NotStarted (RunContainerError)",
+		"1 GPU pod(s) hold slices but have not started",
+		"102400/81920 (1.25× oversubscribed)",
+		"node-3: GPU inventory (tessera.dev/inventory) unreadable: ",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("table lacks %q:\n%s", want, text)
+		}
+	}
+	if strings.Contains(text, "mps   1/8     8192/81920  10%    ns/refused/main  0      Running") {
+		t.Errorf("the pod that never started is shown Running:\n%s", text)
+	}
+}
