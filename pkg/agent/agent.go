@@ -11,6 +11,8 @@ import (
 	"math"
 	"net/http"
 	"reflect"
+	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -117,6 +119,10 @@ type Agent struct {
 	reclaimer *reclaim.Reclaimer
 	preemptMu sync.Mutex
 	victims   map[types.UID]*victim
+	// refused are the pods refused their GPUs that still hold slots
+	// (refused.go).
+	refusedMu sync.Mutex
+	refused   map[types.UID]*refusedPod
 	// eventsSeen are the events recorded lately, so a repeat extends its
 	// series (events.go).
 	eventsMu   sync.Mutex
@@ -173,7 +179,13 @@ func New(opts Options) (*Agent, error) {
 		a.MPS = mps.New(mps.Config{Binary: opts.MPSBinary, Root: opts.MPSRoot, GPUs: gs, PrepareGPU: a.exclusiveProcess,
 			OnRestart: func(uuid string, cause error) {
 				mpsRestarts.WithLabelValues(opts.Node, uuid).Inc()
-				a.event(context.Background(), time.Now(), v1.EventTypeWarning, "MPSDaemonRestarted", "RestartMPS", cause.Error())
+				note := cause.Error()
+				// Who did it, as far as the agent can tell: the pods that
+				// had this GPU's pipe directory.
+				if clients := a.mpsClients(uuid); len(clients) > 0 {
+					note += "; the GPU's MPS clients then: " + strings.Join(clients, ", ")
+				}
+				a.event(context.Background(), time.Now(), v1.EventTypeWarning, "MPSDaemonRestarted", "RestartMPS", note)
 			}})
 	}
 	pipe := func(uuid string) string { return "" }
@@ -184,7 +196,8 @@ func New(opts Options) (*Agent, error) {
 	if opts.NoticeRoot != "" {
 		noticeDir = a.NoticeDir
 	}
-	dpc := deviceplugin.Config{Node: opts.Node, SchedulerNames: opts.SchedulerNames, Holder: opts.Holder, Pods: opts.Pods, PipeDir: pipe, CDIDir: opts.CDIDir, NoticeDir: noticeDir}
+	dpc := deviceplugin.Config{Node: opts.Node, SchedulerNames: opts.SchedulerNames, Holder: opts.Holder, Pods: opts.Pods, PipeDir: pipe, CDIDir: opts.CDIDir, NoticeDir: noticeDir,
+		PreStarted: a.preStarted}
 	if opts.NodePods != nil {
 		// Every assignment is checked against this node's GPUs and what
 		// was granted before it, whoever wrote it.
@@ -218,7 +231,7 @@ func New(opts Options) (*Agent, error) {
 			a.timeSlices = timeslice.NewManager(setter, timeSliceRetry)
 		}
 	}
-	a.reg.MustRegister(mpsRestarts, sliceChanges, reclaims, reclaimKilled, reclaimDuration, timeSliceClass, timeSliceFailures, assignmentChanges)
+	a.reg.MustRegister(mpsRestarts, sliceChanges, reclaims, reclaimKilled, reclaimDuration, timeSliceClass, timeSliceFailures, assignmentChanges, refusedSlots)
 	return a, nil
 }
 
@@ -308,6 +321,32 @@ func (a *Agent) Inventory(now time.Time) *gpu.NodeInventory {
 	}
 	inv.Reclaimed = a.reclaimedList()
 	return inv
+}
+
+// mpsClients lists the running pods of this node that are MPS clients of
+// the GPU, namespace/name, sorted.
+func (a *Agent) mpsClients(uuid string) []string {
+	if a.opts.NodePods == nil {
+		return nil
+	}
+	var out []string
+	for _, p := range a.opts.NodePods() {
+		asg, err := podgpu.BoundAssignment(p)
+		if err != nil || asg == nil {
+			continue
+		}
+	pod:
+		for _, c := range asg.Containers {
+			for _, g := range c.GPUs {
+				if c.Mode == gpu.ModeMPS && g.UUID == uuid {
+					out = append(out, p.Namespace+"/"+p.Name)
+					break pod
+				}
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // publishedGPUs is the inventory last published (its GPUs, not CPU and
@@ -555,6 +594,7 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 		go a.reportAssignmentChanges(ctx)
 	}
 	go a.watchOwnNode(ctx)
+	go wait.UntilWithContext(ctx, a.pruneRefused, 5*time.Second)
 	if a.gpus != nil {
 		go func() {
 			// Without events a fault is only seen when the GPU stops

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -365,5 +366,54 @@ func TestRepeatedEventsAggregate(t *testing.T) {
 				t.Errorf("a single event has a series %+v", e.Series)
 			}
 		}
+	}
+}
+
+// TestRefusedPodsAreReported: a pod refused its GPUs keeps its kubelet
+// slots until deleted (issue 15: 31 of 32 held while tessera top showed the
+// GPUs free). The agent reports it on the pod and the node and in
+// tessera_agent_refused_slots, which falls when the pod leaves or its
+// container gets its GPUs after all.
+func TestRefusedPodsAreReported(t *testing.T) {
+	client := newNode()
+	var onNode []*v1.Pod
+	a := &Agent{opts: Options{Node: "n9", Client: client, NodePods: func() []*v1.Pod { return onNode }}}
+	rogue := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "rogue", UID: "r1"}}
+	flaky := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "flaky", UID: "f1"}}
+	onNode = []*v1.Pod{rogue, flaky}
+	refusal := errors.New(strings.Repeat("no Tessera GPU assignment covers this container ", 40))
+	a.preStarted(rogue, "main", 2, refusal)
+	a.preStarted(flaky, "main", 1, refusal)
+	held := func() float64 { return testutil.ToFloat64(refusedSlots.WithLabelValues("n9")) }
+	if got := held(); got != 3 {
+		t.Fatalf("tessera_agent_refused_slots = %v, want 3", got)
+	}
+	a.preStarted(flaky, "main", 1, nil) // its next start succeeded
+	if got := held(); got != 2 {
+		t.Fatalf("after flaky started: %v, want 2", got)
+	}
+	onNode = nil // rogue deleted
+	a.pruneRefused(context.Background())
+	if got := held(); got != 0 {
+		t.Fatalf("after rogue left: %v, want 0", got)
+	}
+	reasons := map[string]string{}
+	for _, ns := range []string{"lab", metav1.NamespaceDefault} {
+		evs, err := client.EventsV1().Events(ns).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs.Items {
+			if len(e.Note) > 1024 {
+				t.Errorf("%s: a %d-byte note, over the API server's 1 KiB", e.Reason, len(e.Note))
+			}
+			reasons[e.Reason+"/"+e.Regarding.Name] += e.Note + "\n"
+		}
+	}
+	if n := reasons["GPUSlotsRefused/rogue"]; !strings.Contains(n, "holds 2 slot(s) of this node until the pod is deleted") {
+		t.Errorf("pod event %q", n)
+	}
+	if n := reasons["GPUSlotsHeld/n9"]; !strings.Contains(n, "pod lab/rogue holds 2 GPU slot(s)") {
+		t.Errorf("node event %q (events %v)", n, reasons)
 	}
 }

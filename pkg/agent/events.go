@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	v1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -16,6 +17,9 @@ import (
 // seriesWindow is how long a repeated event extends its series instead of
 // starting a new event (the API server keeps events an hour by default).
 const seriesWindow = 30 * time.Minute
+
+// maxNote is the longest note events.k8s.io takes.
+const maxNote = 1024
 
 // eventSeries is one event the agent recorded and how often it recurred.
 type eventSeries struct {
@@ -30,6 +34,13 @@ type eventSeries struct {
 // adding an event per retry, as client-go's recorder aggregates.
 func (a *Agent) eventOn(ctx context.Context, now time.Time, regarding v1.ObjectReference, kind, reason, action, note string) {
 	logger := klog.FromContext(ctx)
+	if len(note) > maxNote {
+		// The API server refuses a longer note.
+		note = note[:maxNote-len("…")] + "…"
+		for !utf8.ValidString(note) {
+			note = note[:len(note)-len("…")-1] + "…"
+		}
+	}
 	ns := regarding.Namespace
 	if ns == "" {
 		ns = metav1.NamespaceDefault

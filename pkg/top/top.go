@@ -129,6 +129,10 @@ type Snapshot struct {
 	// Unreadable lists the nodes whose inventory annotation could not be
 	// read, with why: their GPUs are unknown, not absent.
 	Unreadable []string
+	// Held lists pods bound to a node without a Tessera assignment that
+	// hold its device-plugin slots (the agent refuses them their GPUs;
+	// kubelet keeps their slots until they are deleted).
+	Held []string
 }
 
 // Collect reads the inventories and the pods' assignments.
@@ -167,6 +171,9 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 		if err != nil || a == nil {
 			if p.Spec.NodeName == "" {
 				snap.Pending++
+			} else if n := slots(p); n > 0 {
+				snap.Held = append(snap.Held, fmt.Sprintf("%s/%s holds %d GPU slot(s) of %s without a Tessera assignment; kubelet gives them to no other pod until it is deleted",
+					p.Namespace, p.Name, n, p.Spec.NodeName))
 			}
 			continue
 		}
@@ -225,6 +232,20 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 		})
 	}
 	return snap, nil
+}
+
+// slots is how many device-plugin slots (tessera.dev/gpu) a pod's
+// containers hold.
+func slots(p *v1.Pod) int64 {
+	var n int64
+	for _, c := range p.Spec.Containers {
+		q, ok := c.Resources.Limits[gpu.ResourceGPU]
+		if !ok {
+			q = c.Resources.Requests[gpu.ResourceGPU]
+		}
+		n += q.Value()
+	}
+	return n
 }
 
 // nodeLess orders names with numbers numerically (gpu-node-2 < gpu-node-10).
@@ -399,6 +420,11 @@ func Render(w io.Writer, s *Snapshot) error {
 	// Lines of free GPUs end in padding for the tenant columns.
 	for _, line := range strings.SplitAfter(buf.String(), "\n") {
 		if _, err := io.WriteString(w, strings.TrimRight(line, " \n")+strings.Repeat("\n", strings.Count(line, "\n"))); err != nil {
+			return err
+		}
+	}
+	for _, h := range s.Held {
+		if _, err := fmt.Fprintln(w, h); err != nil {
 			return err
 		}
 	}

@@ -153,7 +153,9 @@ func TestRenderTellsTheTruth(t *testing.T) {
 	refused := gpuPod("refused", "node-2", on("GPU-a", gpu.ModeTimeSlicing, 8192, 100), nil)
 	refused.Status = v1.PodStatus{Phase: v1.PodPending, ContainerStatuses: []v1.ContainerStatus{{Name: "main",
 		State: v1.ContainerState{Waiting: &v1.ContainerStateWaiting{Reason: "RunContainerError", Message: "no Tessera GPU assignment covers this container"}}}}}
-	client := fake.NewClientset(node, broken, refused,
+	rogue := gpuPod("rogue", "node-2", nil, nil)
+	rogue.Spec.Containers[0].Resources.Limits[gpu.ResourceGPU] = resource.MustParse("2")
+	client := fake.NewClientset(node, broken, refused, rogue,
 		gpuPod("a", "node-2", on("GPU-b", gpu.ModeTimeSlicing, 61440, 300), nil),
 		gpuPod("b", "node-2", on("GPU-b", gpu.ModeTimeSlicing, 40960, 300), nil))
 	snap, err := Collect(context.Background(), client)
@@ -171,6 +173,7 @@ func TestRenderTellsTheTruth(t *testing.T) {
 		"1 GPU pod(s) hold slices but have not started",
 		"102400/81920 (1.25× oversubscribed)",
 		"node-3: GPU inventory (tessera.dev/inventory) unreadable: ",
+		"ns/rogue holds 2 GPU slot(s) of node-2 without a Tessera assignment",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("table lacks %q:\n%s", want, text)

@@ -175,7 +175,10 @@ func (c *cluster) registerNode(name string) {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	res := v1.ResourceList{v1.ResourceCPU: resource.MustParse("256"), v1.ResourceMemory: resource.MustParse("2Ti"), v1.ResourcePods: resource.MustParse("1000")}
+	// tessera.dev/gpu is what the agent's device plugin makes kubelet
+	// advertise: its slots, here more than any test uses.
+	res := v1.ResourceList{v1.ResourceCPU: resource.MustParse("256"), v1.ResourceMemory: resource.MustParse("2Ti"), v1.ResourcePods: resource.MustParse("1000"),
+		gpu.ResourceGPU: resource.MustParse("1000")}
 	node.Status = v1.NodeStatus{Capacity: res, Allocatable: res,
 		Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, LastHeartbeatTime: metav1.Now()}}}
 	if _, err := c.client.CoreV1().Nodes().UpdateStatus(c.ctx, node, metav1.UpdateOptions{}); err != nil {

@@ -158,7 +158,8 @@ func addPerfNode(b *testing.B, c *cluster, name string, gpus int, mps bool, extr
 		return
 	}
 	res := v1.ResourceList{v1.ResourceCPU: resource.MustParse("128"), v1.ResourceMemory: resource.MustParse("1Ti"),
-		v1.ResourcePods: resource.MustParse("250"), v1.ResourceName(extra): *resource.NewQuantity(int64(gpus), resource.DecimalSI)}
+		v1.ResourcePods: resource.MustParse("250"), v1.ResourceName(extra): *resource.NewQuantity(int64(gpus), resource.DecimalSI),
+		gpu.ResourceGPU: *resource.NewQuantity(int64(8*gpus), resource.DecimalSI)} // the agent's slots, 8 per GPU
 	node.Status = v1.NodeStatus{Capacity: res, Allocatable: res,
 		Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, LastHeartbeatTime: metav1.Now()}}}
 	if _, err := c.client.CoreV1().Nodes().UpdateStatus(c.ctx, node, metav1.UpdateOptions{}); err != nil {

@@ -388,3 +388,49 @@ func keys[V any](m map[string]V) []string {
 	}
 	return out
 }
+
+// TestHeldSlotsAreNotPlacedOn: a pod the agent refused (here one bound
+// without tessera-scheduler) keeps its kubelet slots until it is deleted.
+// The scheduler counts the node's slots as kubelet does (tessera.dev/gpu
+// against the node's allocatable), so it does not place a pod kubelet would
+// reject with "UnexpectedAdmissionError … Available: 0" (issue 15), and
+// places it once the slots are free.
+func TestHeldSlotsAreNotPlacedOn(t *testing.T) {
+	c := startCluster(t)
+	inv := c.addNode(gpuNode{name: "h1", gpus: 2, memMi: 81920, mps: true})
+	node, err := c.client.CoreV1().Nodes().Get(c.ctx, "h1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.Status.Allocatable[gpu.ResourceGPU] = resource.MustParse("2")
+	node.Status.Capacity[gpu.ResourceGPU] = resource.MustParse("2")
+	if _, err := c.client.CoreV1().Nodes().UpdateStatus(c.ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ns := c.namespace("held")
+	rogue := makePod(ns, podSpec{name: "rogue", gpus: 1, memMi: 8192, cores: 10})
+	rogue.Spec.SchedulerName = "elsewhere"
+	if _, err := c.client.CoreV1().Pods(ns).Create(c.ctx, rogue, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.client.CoreV1().Pods(ns).Bind(c.ctx, &v1.Binding{ObjectMeta: metav1.ObjectMeta{Name: "rogue", Namespace: ns},
+		Target: v1.ObjectReference{Kind: "Node", Name: "h1"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.startScheduler("")
+	c.createPod(ns, podSpec{name: "a", gpus: 1, memMi: 8192, cores: 10})
+	c.waitBound(ns, []string{"a"}, 30*time.Second)
+	c.createPod(ns, podSpec{name: "b", gpus: 1, memMi: 8192, cores: 10})
+	waitFor(t, 30*time.Second, "b to be reported", func() bool { return c.unschedulableMessage(ns, "b") != "" })
+	if msg := c.unschedulableMessage(ns, "b"); !strings.Contains(msg, "Insufficient tessera.dev/gpu") {
+		t.Fatalf("b: %q, want Insufficient tessera.dev/gpu", msg)
+	}
+	if p, err := c.client.CoreV1().Pods(ns).Get(c.ctx, "b", metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
+		t.Fatalf("b bound to %q (%v) with every slot of h1 held", p.Spec.NodeName, err)
+	}
+	if err := c.client.CoreV1().Pods(ns).Delete(c.ctx, "rogue", zeroGrace); err != nil {
+		t.Fatal(err)
+	}
+	c.waitBound(ns, []string{"b"}, 30*time.Second)
+	c.recount(inv)
+}

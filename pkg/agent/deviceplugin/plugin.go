@@ -88,6 +88,7 @@ type Plugin struct {
 	inventory  func() *gpu.NodeInventory
 	nodePods   func() []*v1.Pod
 	oversub    float64
+	preStarted func(pod *v1.Pod, container string, slots int, err error)
 
 	mu      sync.Mutex
 	gpus    []GPUSlots
@@ -116,6 +117,11 @@ type Config struct {
 	Inventory              func() *gpu.NodeInventory
 	NodePods               func() []*v1.Pod
 	MemoryOversubscription float64
+	// PreStarted, when set, is told of every PreStartContainer whose pod is
+	// known: err nil when the container got its GPUs, else why it was
+	// refused. A refused pod keeps its slots in kubelet until it is
+	// deleted.
+	PreStarted func(pod *v1.Pod, container string, slots int, err error)
 }
 
 // DefaultSchedulerNames is tessera-scheduler's shipped profile
@@ -129,7 +135,7 @@ func New(c Config) *Plugin {
 		schedulers = DefaultSchedulerNames
 	}
 	return &Plugin{node: c.Node, schedulers: schedulers, holder: c.Holder, pods: c.Pods, pipeDir: c.PipeDir, cdiDir: c.CDIDir, noticeDir: c.NoticeDir,
-		inventory: c.Inventory, nodePods: c.NodePods, oversub: c.MemoryOversubscription, changed: make(chan struct{})}
+		inventory: c.Inventory, nodePods: c.NodePods, oversub: c.MemoryOversubscription, preStarted: c.PreStarted, changed: make(chan struct{})}
 }
 
 // SetGPUs replaces what is advertised; ListAndWatch streams the change to
@@ -267,6 +273,11 @@ func (p *Plugin) PreStartContainer(ctx context.Context, req *pluginapi.PreStartC
 	}
 	logger := klog.FromContext(ctx).WithValues("pod", klog.KRef(ns, name), "container", container)
 	e, err := p.editsFor(ns, name, container, len(req.DevicesIds))
+	if p.preStarted != nil {
+		if pod := p.pods(ns, name); pod != nil {
+			p.preStarted(pod, container, len(req.DevicesIds), err)
+		}
+	}
 	if err != nil {
 		logger.Error(err, "Refusing GPU slots")
 		return nil, err

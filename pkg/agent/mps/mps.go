@@ -2,7 +2,8 @@
 // own pipe and log directories (so clients of one GPU never reach another's
 // daemon, and a client's limits are its own, not daemon-wide), the compute
 // mode MPS needs, default client limits, a health check through the control
-// pipe every few seconds, and a restart — reported — when a daemon dies.
+// pipe every few seconds and whenever a daemon's control endpoint goes away,
+// and a restart — reported — when a daemon dies.
 //
 // It drives nvidia-cuda-mps-control through its documented interface only:
 // `-d` starts the daemon, and commands go to it on the control program's
@@ -21,8 +22,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
-	"k8s.io/apimachinery/pkg/util/wait"
+	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 )
 
@@ -63,6 +65,9 @@ type Manager struct {
 
 	mu       sync.Mutex
 	restarts map[string]int
+	// checkMu keeps a periodic check and one prompted by the pipe watch
+	// from restarting a daemon twice.
+	checkMu sync.Mutex
 }
 
 // New returns a manager; Start starts its daemons.
@@ -161,29 +166,134 @@ func (m *Manager) run(ctx context.Context, uuid, stdin string, args ...string) (
 // Check asks every daemon for its server list; a daemon that does not answer
 // is started again, with its defaults, and reported.
 func (m *Manager) Check(ctx context.Context) {
-	logger := klog.FromContext(ctx)
 	for _, g := range m.cfg.GPUs {
-		out, err := m.control(ctx, g.UUID, "get_server_list")
-		if err == nil {
-			continue
+		m.checkGPU(ctx, g, "")
+	}
+}
+
+// checkGPU checks one daemon and restarts it when it does not answer; why
+// says what prompted the check, for the report.
+func (m *Manager) checkGPU(ctx context.Context, g GPU, why string) {
+	m.checkMu.Lock()
+	defer m.checkMu.Unlock()
+	if ctx.Err() != nil {
+		return // stopping: the daemons are being told to quit
+	}
+	out, err := m.control(ctx, g.UUID, "get_server_list")
+	if err == nil || ctx.Err() != nil {
+		return
+	}
+	cause := fmt.Errorf("MPS daemon of GPU %s does not answer%s: %w: %s", g.UUID, why, err, out)
+	if tail := lastLines(filepath.Join(m.LogDir(g.UUID), "control.log"), 5); tail != "" {
+		cause = fmt.Errorf("%w; its control.log ends: %s", cause, tail)
+	}
+	logger := klog.FromContext(ctx)
+	logger.Error(cause, "Restarting MPS daemon", "gpu", g.UUID)
+	m.mu.Lock()
+	m.restarts[g.UUID]++
+	m.mu.Unlock()
+	if m.cfg.OnRestart != nil {
+		m.cfg.OnRestart(g.UUID, cause)
+	}
+	if err := m.start(ctx, g); err != nil {
+		logger.Error(err, "MPS daemon restart failed; retrying at the next check", "gpu", g.UUID)
+	}
+}
+
+// lastLines is the end of a log file, lines joined with " | ", or "".
+func lastLines(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
+}
+
+// Run checks the daemons every interval until ctx ends, and a daemon at
+// once when its control endpoint leaves its pipe directory. Every MPS client
+// needs the pipe directory, control endpoint included (the CUDA driver asks
+// the control daemon for its server), and the same endpoint takes the
+// control program's commands, so any tenant can send `quit`: the daemon
+// removes its endpoint as it exits, and the agent restarts it within
+// milliseconds instead of at the next periodic check.
+func (m *Manager) Run(ctx context.Context, every time.Duration) {
+	removed := make(chan string, len(m.cfg.GPUs)+1)
+	go func() {
+		if err := m.watchPipes(ctx, removed); err != nil {
+			klog.FromContext(ctx).Error(err, "Not watching the MPS pipe directories; a daemon that quits is restarted at the next periodic check")
 		}
-		cause := fmt.Errorf("MPS daemon of GPU %s does not answer: %w: %s", g.UUID, err, out)
-		logger.Error(cause, "Restarting MPS daemon", "gpu", g.UUID)
-		m.mu.Lock()
-		m.restarts[g.UUID]++
-		m.mu.Unlock()
-		if m.cfg.OnRestart != nil {
-			m.cfg.OnRestart(g.UUID, cause)
-		}
-		if err := m.start(ctx, g); err != nil {
-			logger.Error(err, "MPS daemon restart failed; retrying at the next check", "gpu", g.UUID)
+	}()
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	m.Check(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			m.Check(ctx)
+		case uuid := <-removed:
+			for _, g := range m.cfg.GPUs {
+				if g.UUID == uuid {
+					m.checkGPU(ctx, g, " (its control endpoint left the pipe directory: a client may have sent quit)")
+				}
+			}
 		}
 	}
 }
 
-// Run checks the daemons every interval until ctx ends.
-func (m *Manager) Run(ctx context.Context, every time.Duration) {
-	wait.UntilWithContext(ctx, m.Check, every)
+// controlEndpoint is the name of the control daemon's endpoint in its pipe
+// directory.
+const controlEndpoint = "control"
+
+// watchPipes sends a GPU's UUID to removed whenever its daemon's control
+// endpoint is removed, until ctx ends (inotify on the pipe directories).
+func (m *Manager) watchPipes(ctx context.Context, removed chan<- string) error {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return fmt.Errorf("inotify: %w", err)
+	}
+	defer unix.Close(fd)
+	byWatch := map[int32]string{}
+	for _, g := range m.cfg.GPUs {
+		wd, err := unix.InotifyAddWatch(fd, m.PipeDir(g.UUID), unix.IN_DELETE|unix.IN_MOVED_FROM)
+		if err != nil {
+			return fmt.Errorf("watch %s: %w", m.PipeDir(g.UUID), err)
+		}
+		byWatch[int32(wd)] = g.UUID
+	}
+	buf := make([]byte, 64*(unix.SizeofInotifyEvent+unix.NAME_MAX+1))
+	for ctx.Err() == nil {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if n, err := unix.Poll(fds, 200); err != nil && !errors.Is(err, unix.EINTR) {
+			return err
+		} else if n <= 0 {
+			continue
+		}
+		n, err := unix.Read(fd, buf)
+		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)]), "\x00")
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+			if uuid, ok := byWatch[ev.Wd]; ok && name == controlEndpoint {
+				select {
+				case removed <- uuid:
+				default:
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // TerminateClient asks a GPU's daemon to end one client process in every

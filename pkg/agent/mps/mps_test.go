@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // controlBinary is the real nvidia-cuda-mps-control when this machine has
@@ -165,5 +167,56 @@ func waitGone(t *testing.T, pid int) {
 		}
 		// A killed child of a detached session is reaped by init; poll.
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestQuitThroughTheClientPipeIsUndone: every MPS client has the pipe
+// directory, so a tenant can `echo quit | nvidia-cuda-mps-control` into it
+// (issue 15: the GPU's daemon stopped for every tenant until the next
+// check). The agent sees the control endpoint go and restarts the daemon
+// at once — here the periodic check is an hour away — and reports the end
+// of its control log.
+func TestQuitThroughTheClientPipeIsUndone(t *testing.T) {
+	if !usingFake {
+		t.Skip("the real MPS daemon is checked by hack/gpu-node-check.sh on a GPU node")
+	}
+	causes := make(chan error, 4)
+	m := New(Config{Binary: controlBinary, Root: t.TempDir(), GPUs: []GPU{{UUID: "GPU-a", DefaultThreadPercentage: 50}},
+		OnRestart: func(_ string, cause error) { causes <- cause }})
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := m.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); m.Run(ctx, time.Hour) }()
+	t.Cleanup(func() { cancel(); <-done; _ = m.Stop(context.Background()) })
+	time.Sleep(100 * time.Millisecond) // the watch is in place
+
+	// What a tenant can do with its mounted pipe directory.
+	tenant := exec.Command(controlBinary)
+	tenant.Env = append(os.Environ(), "CUDA_MPS_PIPE_DIRECTORY="+m.PipeDir("GPU-a"), "CUDA_MPS_LOG_DIRECTORY="+t.TempDir())
+	tenant.Stdin = strings.NewReader("quit\n")
+	quitAt := time.Now()
+	if out, err := tenant.CombinedOutput(); err != nil {
+		t.Fatalf("quit: %v: %s", err, out)
+	}
+	select {
+	case cause := <-causes:
+		t.Logf("restarted %v after the quit: %v", time.Since(quitAt).Round(time.Millisecond), cause)
+		if !strings.Contains(cause.Error(), "its control endpoint left the pipe directory") || !strings.Contains(cause.Error(), "control.log ends: ") {
+			t.Errorf("cause %v", cause)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the daemon a tenant stopped was not restarted")
+	}
+	err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		out, err := m.Control(ctx, "GPU-a", "get_default_active_thread_percentage")
+		return err == nil && out == "50", nil
+	})
+	if err != nil {
+		t.Fatal("the restarted daemon does not answer with its defaults")
+	}
+	if m.Restarts("GPU-a") != 1 {
+		t.Fatalf("%d restarts, want 1", m.Restarts("GPU-a"))
 	}
 }
