@@ -107,8 +107,9 @@ type Agent struct {
 	mu        sync.Mutex
 	published *gpu.NodeInventory
 	// publishedRaw is the annotation as last written, which watchOwnNode
-	// restores when anything else changes it.
+	// restores when anything else changes it (republish).
 	publishedRaw string
+	republish    bool
 	// adj decides each GPU's slice count from its forecast load; adjMu
 	// guards it (the adjuster is not safe for concurrent use) and lastEval.
 	adjMu    sync.Mutex
@@ -366,7 +367,7 @@ func (a *Agent) publishedGPUs() *gpu.NodeInventory {
 func (a *Agent) Refresh(ctx context.Context, now time.Time) error {
 	inv := a.Inventory(now)
 	a.mu.Lock()
-	same := a.published != nil && reflect.DeepEqual(a.published, inv)
+	same := !a.republish && a.published != nil && reflect.DeepEqual(a.published, inv)
 	a.mu.Unlock()
 	if same {
 		return nil
@@ -390,7 +391,7 @@ func (a *Agent) Refresh(ctx context.Context, now time.Time) error {
 		return err
 	}
 	a.mu.Lock()
-	a.published, a.publishedRaw = &published, string(raw)
+	a.published, a.publishedRaw, a.republish = &published, string(raw), false
 	a.mu.Unlock()
 	klog.FromContext(ctx).Info("Published GPU inventory", "node", a.opts.Node, "gpus", len(inv.GPUs), "unhealthy", a.health.Unhealthy(now))
 	return nil
@@ -437,7 +438,7 @@ func (a *Agent) watchOwnNode(ctx context.Context) {
 		case <-differs:
 		}
 		a.mu.Lock()
-		a.published = nil // publish again even though the GPUs did not change
+		a.republish = true // even though the GPUs did not change
 		a.mu.Unlock()
 		logger.Info("This node's GPU inventory annotation was changed by someone else; restoring it", "node", a.opts.Node)
 		a.event(ctx, time.Now(), v1.EventTypeWarning, "GPUInventoryRestored", "Republish",

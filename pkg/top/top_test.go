@@ -116,11 +116,7 @@ func TestCollectAndRender(t *testing.T) {
 	if err := snap.AddUsage(context.Background(), agent.URL); err != nil {
 		t.Fatal(err)
 	}
-	var out strings.Builder
-	if err := Render(&out, snap); err != nil {
-		t.Fatal(err)
-	}
-	text := out.String()
+	text := render(t, snap)
 	for _, want := range []string{
 		"node-2  0    H100 80GB HBM3  mps", "2/8", "24576/81920", "50%",
 		"ns/infer/main", "4096", "17%",
@@ -132,6 +128,15 @@ func TestCollectAndRender(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, text)
 		}
 	}
+}
+
+func render(t *testing.T, snap *Snapshot) string {
+	t.Helper()
+	var out strings.Builder
+	if err := Render(&out, snap); err != nil {
+		t.Fatal(err)
+	}
+	return out.String()
 }
 
 // TestRenderTellsTheTruth (issue 15): a pod that never started is shown as
@@ -162,11 +167,7 @@ func TestRenderTellsTheTruth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out strings.Builder
-	if err := Render(&out, snap); err != nil {
-		t.Fatal(err)
-	}
-	text := out.String()
+	text := render(t, snap)
 	for _, want := range []string{
 		"node-2  0    H100   mps ",
 		"ns/refused/main", "NotStarted (RunContainerError)",
