@@ -394,9 +394,8 @@ func TestWithoutTesseraResources(t *testing.T) {
 	pod := &v1.Pod{Spec: v1.PodSpec{Containers: []v1.Container{{Name: "m", Resources: v1.ResourceRequirements{Limits: lim, Requests: lim.DeepCopy()}}}}}
 	got := withoutTesseraResources(pod)
 	for _, l := range []v1.ResourceList{got.Spec.Containers[0].Resources.Limits, got.Spec.Containers[0].Resources.Requests} {
-		// tessera.dev/gpu (kubelet's slots) stays for the node check.
-		if _, ok := l["tessera.dev/gpu-memory"]; ok || len(l) != 3 {
-			t.Fatalf("stripped resources %v, want tessera.dev/gpu, cpu and example.com/fpga", l)
+		if _, ok := l["tessera.dev/gpu"]; ok || len(l) != 2 {
+			t.Fatalf("stripped resources %v, want cpu and example.com/fpga only", l)
 		}
 	}
 	if len(pod.Spec.Containers[0].Resources.Limits) != 4 {

@@ -27,6 +27,7 @@ import (
 	"unicode/utf8"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -178,6 +179,9 @@ func (p *Plugin) Name() string { return Name }
 // stateData is what PreFilter learns about a pod for the rest of its cycle.
 type stateData struct {
 	req *allocator.Request
+	// slots is how many device-plugin slots (tessera.dev/gpu) the pod's
+	// containers take from kubelet.
+	slots int64
 	// shape is req.Key(), computed once per cycle.
 	shape string
 	alloc *allocator.Allocator
@@ -244,7 +248,7 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		unschedulable.WithLabelValues("InvalidRequest").Inc()
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
 	}
-	state.Write(stateKey, &stateData{req: req, shape: req.Key(), alloc: p.workload.Current()})
+	state.Write(stateKey, &stateData{req: req, slots: slotsOf(pod), shape: req.Key(), alloc: p.workload.Current()})
 	return nil, nil
 }
 
@@ -280,6 +284,9 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod, node
 	if s == nil {
 		return nil
 	}
+	if st := slotsFit(s.slots, nodeInfo); st != nil {
+		return st
+	}
 	var reason allocator.Reason
 	var err error
 	if len(s.nominated[nodeInfo.Node().Name]) > 0 {
@@ -299,6 +306,41 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod, node
 		return fwk.NewStatus(fwk.Unschedulable, reason.String())
 	}
 	return nil
+}
+
+// reasonInsufficientSlots is the Filter reason when kubelet has too few
+// device-plugin slots left on a node: the reason NodeResourcesFit gives.
+const reasonInsufficientSlots = "Insufficient " + gpu.ResourceGPU
+
+// slotsFit checks the node's device-plugin slots as kubelet counts them:
+// the pods bound there take theirs until they are deleted, those the agent
+// refused their GPUs included, so a GPU with room in the allocator's
+// account is no place for a pod kubelet would reject ("UnexpectedAdmission
+// Error … Available: 0").
+func slotsFit(want int64, nodeInfo fwk.NodeInfo) *fwk.Status {
+	if want == 0 {
+		return nil
+	}
+	free := nodeInfo.GetAllocatable().GetScalarResources()[gpu.ResourceGPU] - nodeInfo.GetRequested().GetScalarResources()[gpu.ResourceGPU]
+	if want > free {
+		unschedulable.WithLabelValues("InsufficientSlots").Inc()
+		return fwk.NewStatus(fwk.Unschedulable, reasonInsufficientSlots)
+	}
+	return nil
+}
+
+// slotsOf is how many device-plugin slots a pod's containers take.
+func slotsOf(pod *v1.Pod) int64 {
+	var n int64
+	for i := range pod.Spec.Containers {
+		r := pod.Spec.Containers[i].Resources
+		q, ok := r.Limits[gpu.ResourceGPU]
+		if !ok {
+			q = r.Requests[gpu.ResourceGPU]
+		}
+		n += q.Value()
+	}
+	return n
 }
 
 // noInventoryReason says why a node takes no GPU pod: its inventory is
@@ -447,22 +489,30 @@ func (p *Plugin) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Pod, no
 func (p *Plugin) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, error) {
 	return []fwk.ClusterEventWithHint{
 		{Event: fwk.ClusterEvent{Resource: fwk.AssignedPod, ActionType: fwk.Delete}, QueueingHintFn: p.hintGPUPodGone},
-		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add | fwk.UpdateNodeAnnotation}, QueueingHintFn: p.hintInventoryChanged},
+		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add | fwk.UpdateNodeAnnotation | fwk.UpdateNodeAllocatable}, QueueingHintFn: p.hintInventoryChanged},
 	}, nil
 }
 
+// hintGPUPodGone requeues on the deletion of a pod that held GPUs or
+// device-plugin slots (one the agent refused holds slots without an
+// assignment).
 func (p *Plugin) hintGPUPodGone(_ klog.Logger, _ *v1.Pod, oldObj, _ any) (fwk.QueueingHint, error) {
 	pod, ok := oldObj.(*v1.Pod)
 	if !ok {
 		return fwk.Queue, nil
 	}
-	if _, has := pod.Annotations[gpu.AnnotationAssignment]; !has {
-		return fwk.QueueSkip, nil
+	if _, has := pod.Annotations[gpu.AnnotationAssignment]; has {
+		p.onPodDelete(pod)
+		return fwk.Queue, nil
 	}
-	p.onPodDelete(pod)
-	return fwk.Queue, nil
+	if slotsOf(pod) > 0 {
+		return fwk.Queue, nil
+	}
+	return fwk.QueueSkip, nil
 }
 
+// hintInventoryChanged requeues when a node's inventory or its device-plugin
+// slots (allocatable tessera.dev/gpu) change.
 func (p *Plugin) hintInventoryChanged(logger klog.Logger, _ *v1.Pod, oldObj, newObj any) (fwk.QueueingHint, error) {
 	n, ok := newObj.(*v1.Node)
 	if !ok {
@@ -472,11 +522,19 @@ func (p *Plugin) hintInventoryChanged(logger klog.Logger, _ *v1.Pod, oldObj, new
 	if !has {
 		return fwk.QueueSkip, nil
 	}
-	if old, ok := oldObj.(*v1.Node); ok && old.Annotations[gpu.AnnotationInventory] == now {
-		return fwk.QueueSkip, nil
+	old, ok := oldObj.(*v1.Node)
+	if !ok {
+		p.onNode(logger, n)
+		return fwk.Queue, nil
 	}
-	p.onNode(logger, n)
-	return fwk.Queue, nil
+	if old.Annotations[gpu.AnnotationInventory] != now {
+		p.onNode(logger, n)
+		return fwk.Queue, nil
+	}
+	if !old.Status.Allocatable.Name(gpu.ResourceGPU, resource.DecimalSI).Equal(*n.Status.Allocatable.Name(gpu.ResourceGPU, resource.DecimalSI)) {
+		return fwk.Queue, nil
+	}
+	return fwk.QueueSkip, nil
 }
 
 func podKey(pod *v1.Pod) string { return pod.Namespace + "/" + pod.Name }
