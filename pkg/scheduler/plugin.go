@@ -284,9 +284,6 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod, node
 	if s == nil {
 		return nil
 	}
-	if st := slotsFit(s.slots, nodeInfo); st != nil {
-		return st
-	}
 	var reason allocator.Reason
 	var err error
 	if len(s.nominated[nodeInfo.Node().Name]) > 0 {
@@ -300,6 +297,9 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod, node
 	if err != nil {
 		unschedulable.WithLabelValues("NoInventory").Inc()
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, p.noInventoryReason(nodeInfo.Node().Name))
+	}
+	if st := slotsFit(s.slots, nodeInfo); st != nil {
+		return st
 	}
 	if !reason.OK() {
 		unschedulable.WithLabelValues(reason.Code.String()).Inc()
