@@ -34,6 +34,9 @@ type Cache struct {
 	mu    sync.RWMutex
 	nodes map[string]*nodeState
 	pods  map[types.UID]*podRecord
+	// refused indexes the records AddBound refused (a subset of pods,
+	// pruned lazily), so a release looks only at them.
+	refused map[types.UID]*podRecord
 	// gone holds pods deleted from the API server, with when they were seen
 	// gone, so an older event about one delivered late (see Gone) cannot book
 	// it again. UIDs are never reused; entries are swept after goneTTL.
@@ -97,7 +100,8 @@ type podRecord struct {
 // NewCache returns an empty cache whose GPUs may hold up to oversub times
 // their memory in slices.
 func NewCache(oversub float64) *Cache {
-	return &Cache{oversub: oversub, nodes: map[string]*nodeState{}, pods: map[types.UID]*podRecord{}, gone: map[types.UID]time.Time{}}
+	return &Cache{oversub: oversub, nodes: map[string]*nodeState{}, pods: map[types.UID]*podRecord{}, gone: map[types.UID]time.Time{},
+		refused: map[types.UID]*podRecord{}}
 }
 
 // goneTTL is how long a deleted pod's UID is remembered: far longer than any
@@ -431,6 +435,7 @@ func (c *Cache) AddBound(uid types.UID, podName string, a *gpu.PodAssignment) er
 	s.mu.Unlock()
 	if err != nil {
 		rec.refused = true
+		c.refused[uid] = rec
 		return fmt.Errorf("pod %s: %w", podName, err)
 	}
 	rec.booked = true
@@ -451,10 +456,14 @@ func (c *Cache) unbookLocked(rec *podRecord) {
 	s.node.RemoveAssignment(rec.assignment, 0, 0)
 	// A refused assignment that fits now counts, as the node's agent now
 	// honours it (deviceplugin.Honoured counts what was granted before).
-	for _, other := range c.pods {
-		if other.refused && other.assignment.Node == rec.assignment.Node &&
-			s.node.AddAssignment(other.assignment, 0, 0, c.oversub) == nil {
+	for uid, other := range c.refused {
+		if cur, ok := c.pods[uid]; !ok || cur != other || !other.refused {
+			delete(c.refused, uid) // gone, replaced or booked since
+			continue
+		}
+		if other.assignment.Node == rec.assignment.Node && s.node.AddAssignment(other.assignment, 0, 0, c.oversub) == nil {
 			other.booked, other.refused = true, false
+			delete(c.refused, uid)
 		}
 	}
 	snap := s.node.Clone()
