@@ -101,6 +101,21 @@ func Request(pod *v1.Pod) (*gpu.Request, error) {
 	return r, nil
 }
 
+// Slots is how many device-plugin slots (tessera.dev/gpu) a pod's
+// containers take from kubelet.
+func Slots(pod *v1.Pod) int64 {
+	var n int64
+	for i := range pod.Spec.Containers {
+		r := pod.Spec.Containers[i].Resources
+		q, ok := r.Limits[gpu.ResourceGPU]
+		if !ok {
+			q = r.Requests[gpu.ResourceGPU]
+		}
+		n += q.Value()
+	}
+	return n
+}
+
 // given reports whether a container names the resource at all.
 func given(c *v1.Container, name v1.ResourceName) bool {
 	_, lim := c.Resources.Limits[name]

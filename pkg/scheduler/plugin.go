@@ -248,7 +248,7 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		unschedulable.WithLabelValues("InvalidRequest").Inc()
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
 	}
-	state.Write(stateKey, &stateData{req: req, slots: slotsOf(pod), shape: req.Key(), alloc: p.workload.Current()})
+	state.Write(stateKey, &stateData{req: req, slots: podgpu.Slots(pod), shape: req.Key(), alloc: p.workload.Current()})
 	return nil, nil
 }
 
@@ -327,20 +327,6 @@ func slotsFit(want int64, nodeInfo fwk.NodeInfo) *fwk.Status {
 		return fwk.NewStatus(fwk.Unschedulable, reasonInsufficientSlots)
 	}
 	return nil
-}
-
-// slotsOf is how many device-plugin slots a pod's containers take.
-func slotsOf(pod *v1.Pod) int64 {
-	var n int64
-	for i := range pod.Spec.Containers {
-		r := pod.Spec.Containers[i].Resources
-		q, ok := r.Limits[gpu.ResourceGPU]
-		if !ok {
-			q = r.Requests[gpu.ResourceGPU]
-		}
-		n += q.Value()
-	}
-	return n
 }
 
 // noInventoryReason says why a node takes no GPU pod: its inventory is
@@ -505,7 +491,7 @@ func (p *Plugin) hintGPUPodGone(_ klog.Logger, _ *v1.Pod, oldObj, _ any) (fwk.Qu
 		p.onPodDelete(pod)
 		return fwk.Queue, nil
 	}
-	if slotsOf(pod) > 0 {
+	if podgpu.Slots(pod) > 0 {
 		return fwk.Queue, nil
 	}
 	return fwk.QueueSkip, nil

@@ -171,7 +171,7 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 		if err != nil || a == nil {
 			if p.Spec.NodeName == "" {
 				snap.Pending++
-			} else if n := slots(p); n > 0 {
+			} else if n := podgpu.Slots(p); n > 0 {
 				snap.Held = append(snap.Held, fmt.Sprintf("%s/%s holds %d GPU slot(s) of %s without a Tessera assignment; kubelet gives them to no other pod until it is deleted",
 					p.Namespace, p.Name, n, p.Spec.NodeName))
 			}
@@ -232,20 +232,6 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 		})
 	}
 	return snap, nil
-}
-
-// slots is how many device-plugin slots (tessera.dev/gpu) a pod's
-// containers hold.
-func slots(p *v1.Pod) int64 {
-	var n int64
-	for _, c := range p.Spec.Containers {
-		q, ok := c.Resources.Limits[gpu.ResourceGPU]
-		if !ok {
-			q = c.Resources.Requests[gpu.ResourceGPU]
-		}
-		n += q.Value()
-	}
-	return n
 }
 
 // nodeLess orders names with numbers numerically (gpu-node-2 < gpu-node-10).
