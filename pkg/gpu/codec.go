@@ -7,9 +7,13 @@ import (
 	"io"
 )
 
-// CodecVersion is the version written into every encoded object. Decoders accept
-// exactly the versions they know, so a newer scheduler's annotation is refused
-// loudly by an older agent instead of being half understood.
+// CodecVersion is the version written into every encoded object. It changes only
+// for a change an older reader cannot safely skip (a field whose meaning changes, a
+// new sharing mode that must not be read as another); decoders refuse a version
+// they do not know, loudly. Additions an older reader may ignore (a new optional
+// field at any level) keep the version: decoders skip fields they do not know, so
+// tessera-scheduler and the agents can be upgraded in either order across one
+// minor release (testdata/skew holds what each side writes).
 const CodecVersion = "v1"
 
 // MaxEncodedBytes bounds what the decoders read. Kubernetes caps all of a pod's
@@ -42,7 +46,7 @@ func EncodeAssignment(a *PodAssignment) (string, error) {
 // DecodeAssignment parses and validates a tessera.dev/assignment value.
 func DecodeAssignment(s string) (*PodAssignment, error) {
 	var env assignmentEnvelope
-	if err := decodeStrict(s, &env); err != nil {
+	if err := decodeBounded(s, &env); err != nil {
 		return nil, fmt.Errorf("%s: %w", AnnotationAssignment, err)
 	}
 	if env.Version != CodecVersion {
@@ -69,7 +73,7 @@ func EncodeInventory(n *NodeInventory) ([]byte, error) {
 // DecodeInventory parses and validates a published node inventory.
 func DecodeInventory(b []byte) (*NodeInventory, error) {
 	var env inventoryEnvelope
-	if err := decodeStrict(string(b), &env); err != nil {
+	if err := decodeBounded(string(b), &env); err != nil {
 		return nil, fmt.Errorf("inventory: %w", err)
 	}
 	if env.Version != CodecVersion {
@@ -81,12 +85,12 @@ func DecodeInventory(b []byte) (*NodeInventory, error) {
 	return &env.NodeInventory, nil
 }
 
-func decodeStrict(s string, v any) error {
+func decodeBounded(s string, v any) error {
 	if len(s) > MaxEncodedBytes {
 		return invalidf("%d bytes, more than the %d allowed", len(s), MaxEncodedBytes)
 	}
+	// No DisallowUnknownFields: see CodecVersion.
 	dec := json.NewDecoder(bytes.NewReader([]byte(s)))
-	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
 	}

@@ -93,7 +93,6 @@ func TestDecodeAssignmentRejects(t *testing.T) {
 		{"not json", `node-1`, "invalid character"},
 		{"other version", `{"v":"v2","node":"n","containers":[]}`, `version "v2"`},
 		{"no version", `{"node":"n","containers":[]}`, `version ""`},
-		{"unknown field", `{"v":"v1","node":"n","containers":[],"admin":true}`, `unknown field "admin"`},
 		{"no node", `{"v":"v1","node":"","containers":[]}`, "node is empty"},
 		{"bad mode", `{"v":"v1","node":"n","containers":[{"name":"c","mode":"root","gpus":[{"uuid":"G","index":0,"memoryMiB":1,"cores":1}]}]}`, `mode "root"`},
 		{"zero cores", `{"v":"v1","node":"n","containers":[{"name":"c","mode":"mps","gpus":[{"uuid":"G","index":0,"memoryMiB":1,"cores":0}]}]}`, "cores 0 must be 1–1000"},
