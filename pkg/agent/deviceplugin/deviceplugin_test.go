@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -26,6 +25,7 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
 
+	"github.com/tessera-gpu/tessera/internal/privatemount"
 	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 )
@@ -215,27 +215,22 @@ func envOf(spec map[string]any) []string {
 	return env
 }
 
-// kubeletDir is kubelet's device-plugin directory, where its device manager
-// insists on listening, cleared of earlier runs' sockets and checkpoint
-// before and after; it skips tb unless run as root.
+// TestMain runs the package's tests in a private mount namespace with an empty
+// tmpfs on kubelet's device-plugin directory, where kubelet's device manager
+// insists on listening: the tests use kubelet's real paths and never touch the
+// host's.
+func TestMain(m *testing.M) {
+	privatemount.Main(m, pluginapi.DevicePluginPath)
+}
+
+// kubeletDir is kubelet's device-plugin directory, private to this test
+// binary; it skips tb where no private mount namespace could be made.
 func kubeletDir(tb testing.TB) string {
 	tb.Helper()
-	if os.Geteuid() != 0 {
-		tb.Skip("kubelet's device manager listens on /var/lib/kubelet/device-plugins/kubelet.sock; needs root")
+	if err := privatemount.Err(); err != nil {
+		tb.Skip(err)
 	}
-	dir := pluginapi.DevicePluginPath
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		tb.Fatal(err)
-	}
-	clean := func() {
-		socks, _ := filepath.Glob(filepath.Join(dir, deviceplugin.SocketPrefix+"*"))
-		for _, f := range append(socks, filepath.Join(dir, "kubelet.sock"), filepath.Join(dir, "kubelet_internal_checkpoint")) {
-			_ = os.Remove(f)
-		}
-	}
-	clean()
-	tb.Cleanup(clean)
-	return dir
+	return pluginapi.DevicePluginPath
 }
 
 // TestWithKubeletDeviceManager runs the plugin against kubelet's own device
