@@ -6,7 +6,7 @@ OPENB ?= ../shared/traces/openb
 # deprecation warnings (about 300 lines on a cold build) say nothing about Tessera.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: demo demo-sim test test-short rules bench bench-allocate bench-sim bench-scheduler fuzz build vet fmt-check openb clean
+.PHONY: demo demo-sim test test-short rules images bench bench-allocate bench-sim bench-scheduler fuzz build vet fmt-check openb clean
 
 ## demo: a local playground cluster (4 simulated nodes × 8 H100s) with a sample workload; prints where each pod landed.
 demo:
@@ -19,7 +19,7 @@ demo-sim:
 
 ## test: every test of the repository (vet, formatting and the Prometheus rules first); the openb replays need ../shared.
 test: vet fmt-check rules
-	$(GO) test -count=1 ./...
+	$(GO) test -count=1 -timeout 30m ./...
 
 ## rules: check and unit-test the shipped Prometheus rules with promtool (built from Go modules, pinned in hack/tools).
 rules: bin/promtool
@@ -30,6 +30,11 @@ rules: bin/promtool
 bin/promtool: hack/tools/go.mod hack/tools/go.sum
 	@echo "building promtool from Go modules (hack/tools; a few minutes the first time)"
 	cd hack/tools && $(GO) build -tags remove_all_sd -o ../../bin/promtool github.com/prometheus/prometheus/cmd/promtool
+
+## images: tessera-scheduler's and tessera-agent's OCI image archives, into out/images (no Docker, no registry; REGISTRY= to tag for yours).
+REGISTRY ?= ghcr.io/tessera-gpu
+images:
+	$(GO) run ./hack/images --out out/images --registry $(REGISTRY)
 
 ## test-short: the unit tests without the trace replays.
 test-short:

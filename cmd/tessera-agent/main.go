@@ -33,6 +33,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
 	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
+	"github.com/tessera-gpu/tessera/pkg/version"
 )
 
 const (
@@ -69,6 +70,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		allowNoGPU   = fs.Bool("allow-no-gpu", false, "run as an empty node when NVML cannot load, instead of exiting")
 		nvidiaSMI    = fs.String("nvidia-smi", timeslice.DefaultNvidiaSMI, "the driver's nvidia-smi, which sets time-shared GPUs' time-slice class")
 		schedulers   = fs.String("scheduler-names", strings.Join(deviceplugin.DefaultSchedulerNames, ","), "the scheduler profiles that run TesseraGPU, comma-separated: an assignment on a pod naming another scheduler is refused")
+		showVersion  = fs.Bool("version", false, "print the version and exit")
 		noticeRoot   = fs.String("preemption-dir", "/run/tessera/preemption", "holds each pod's preemption notice directory, mounted into its GPU containers (empty: no preemption notices)")
 	)
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
@@ -76,6 +78,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	klogFlags.VisitAll(func(f *flag.Flag) { fs.Var(f.Value, f.Name, f.Usage) })
 	if err := fs.Parse(args); err != nil {
 		return exitUsage
+	}
+	if *showVersion {
+		fmt.Fprintln(os.Stdout, version.String("tessera-agent"))
+		return exitOK
 	}
 	cfg := config.Default()
 	if *configPath != "" {

@@ -4,14 +4,23 @@
 package main
 
 import (
+	"fmt"
 	"os"
 
 	"k8s.io/component-base/cli"
 	"k8s.io/kubernetes/cmd/kube-scheduler/app"
 
 	"github.com/tessera-gpu/tessera/pkg/scheduler"
+	"github.com/tessera-gpu/tessera/pkg/version"
 )
 
 func main() {
+	// kube-scheduler's own --version reports the Kubernetes release its
+	// library was stamped with; an operator asking this binary wants Tessera's,
+	// and the kube-scheduler inside.
+	if len(os.Args) == 2 && os.Args[1] == "--version" {
+		fmt.Printf("%s, kube-scheduler %s\n", version.String("tessera-scheduler"), version.Dependency("k8s.io/kubernetes"))
+		os.Exit(0)
+	}
 	os.Exit(cli.Run(app.NewSchedulerCommand(scheduler.Register)))
 }

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+
+	"github.com/tessera-gpu/tessera/pkg/version"
 )
 
 // Exit codes.
@@ -31,9 +33,6 @@ Usage:
 Run 'tessera <command> -h' for a command's flags.
 `
 
-// version is set at build time with -ldflags "-X main.version=…".
-var version = "dev"
-
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
@@ -55,8 +54,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "mps-control":
 		// Not in the usage: the playground runs it as nvidia-cuda-mps-control.
 		return runMPSControl(args[1:], stdout, stderr)
-	case "version":
-		fmt.Fprintln(stdout, version)
+	case "version", "--version":
+		fmt.Fprintln(stdout, version.String("tessera"))
 		return exitOK
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
