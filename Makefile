@@ -6,7 +6,7 @@ OPENB ?= ../shared/traces/openb
 # deprecation warnings (about 300 lines on a cold build) say nothing about Tessera.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: demo demo-sim test test-short rules images bench bench-allocate bench-sim bench-scheduler fuzz build vet fmt-check openb clean
+.PHONY: demo demo-sim test test-short rules images manifests bench bench-allocate bench-sim bench-scheduler fuzz build vet fmt-check openb clean
 
 ## demo: a local playground cluster (4 simulated nodes × 8 H100s) with a sample workload; prints where each pod landed.
 demo:
@@ -35,6 +35,10 @@ bin/promtool: hack/tools/go.mod hack/tools/go.sum
 REGISTRY ?= ghcr.io/tessera-gpu
 images:
 	$(GO) run ./hack/images --out out/images --registry $(REGISTRY)
+
+## manifests: regenerate the plain manifests under deploy/ from the Helm chart (deploy/chart/tessera); make test fails when they drift.
+manifests:
+	$(GO) run ./hack/manifests
 
 ## test-short: the unit tests without the trace replays.
 test-short:

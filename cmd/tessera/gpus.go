@@ -3,8 +3,8 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
+	"github.com/spf13/cobra"
 	"io"
 	"math"
 	"os"
@@ -28,77 +28,86 @@ var newNVML = func() gonvml.Interface { return gonvml.New() }
 // runGPUs is `tessera gpus`: what the agent reads from this node's GPUs —
 // inventory, then usage samples — through the same code the agent runs. On a
 // GPU node it is the check that the driver answers what Tessera needs.
-func runGPUs(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("tessera gpus", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+func newGPUsCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "gpus",
+		Short: "Read this node's GPUs through NVML as the agent does",
+		Long:  "Prints what the agent reads from this node's GPUs (inventory, then usage\nsamples) through the same code the agent runs: on a GPU node, the check that\nthe driver answers what Tessera needs.",
+		Args:  cobra.NoArgs,
+	}
+
+	fs := cmd.Flags()
 	samples := fs.Int("samples", 3, "usage samples to take")
 	interval := fs.Duration("interval", 500*time.Millisecond, "time between samples")
 	mpsCheck := fs.String("mps-check", "", "also start an MPS control daemon on GPU 0 with this control program (e.g. nvidia-cuda-mps-control), set a default client limit, read it back and stop it — as the agent does")
 	sliceCheck := fs.String("timeslice-check", "", "also set GPU 0's driver time-slice class to long and back to default with this nvidia-smi, as the agent does on time-shared GPUs")
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
-	}
-	if *samples < 0 || *interval <= 0 {
-		fmt.Fprintln(stderr, "tessera gpus: --samples must be ≥ 0 and --interval positive")
-		return exitUsage
-	}
-	c, err := nvml.New(newNVML())
-	if errors.Is(err, nvml.ErrNoDriver) {
-		fmt.Fprintf(stderr, "tessera gpus: %v\n", err)
-		return exitNoDriver
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "tessera gpus: %v\n", err)
-		return exitError
-	}
-	defer c.Close()
-	devs, err := c.Devices()
-	if err != nil {
-		fmt.Fprintf(stderr, "tessera gpus: %v\n", err)
-	}
-	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "INDEX\tUUID\tMODEL\tMEMORY MiB\tSMs\tMIG\tCOMPUTE MODE\tNVLINK PEERS")
-	for _, d := range devs {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%v\t%s\t%v\n", d.Index, d.UUID, d.Model, d.MemoryMiB, d.SMCount, d.MIGEnabled, computeMode(d.ComputeMode), d.NVLinkPeers)
-	}
-	tw.Flush()
-	for i := range *samples {
-		if i > 0 {
-			time.Sleep(*interval)
-		}
-		us, err := c.Sample()
-		if err != nil {
-			fmt.Fprintf(stderr, "tessera gpus: %v\n", err)
-		}
-		fmt.Fprintf(stdout, "\nsample %d at %s\n", i+1, time.Now().Format(time.RFC3339Nano))
-		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "INDEX\tMEM USED MiB\tSM %\tTEMP °C\tPOWER W\tTHROTTLED\tPROCESSES (pid:MiB:SM%)")
-		for _, u := range us {
-			if u.Lost {
-				fmt.Fprintf(tw, "%d\tlost\t\t\t\t\t\n", u.Index)
-				continue
+	cmd.RunE = func(*cobra.Command, []string) error {
+		*code = func() int {
+			if *samples < 0 || *interval <= 0 {
+				fmt.Fprintln(stderr, "tessera gpus: --samples must be ≥ 0 and --interval positive")
+				return exitUsage
 			}
-			var procs []string
-			for _, p := range u.Processes {
-				procs = append(procs, fmt.Sprintf("%d:%d:%s", p.PID, p.MemoryMiB, reading(p.SMUtil)))
+			c, err := nvml.New(newNVML())
+			if errors.Is(err, nvml.ErrNoDriver) {
+				fmt.Fprintf(stderr, "tessera gpus: %v\n", err)
+				return exitNoDriver
 			}
-			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%v\t%s\n", u.Index, u.MemoryUsedMiB, reading(u.SMUtil), reading(u.TemperatureC), reading(u.PowerW), u.Throttled(), strings.Join(procs, " "))
-		}
-		tw.Flush()
+			if err != nil {
+				fmt.Fprintf(stderr, "tessera gpus: %v\n", err)
+				return exitError
+			}
+			defer c.Close()
+			devs, err := c.Devices()
+			if err != nil {
+				fmt.Fprintf(stderr, "tessera gpus: %v\n", err)
+			}
+			tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "INDEX\tUUID\tMODEL\tMEMORY MiB\tSMs\tMIG\tCOMPUTE MODE\tNVLINK PEERS")
+			for _, d := range devs {
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%v\t%s\t%v\n", d.Index, d.UUID, d.Model, d.MemoryMiB, d.SMCount, d.MIGEnabled, computeMode(d.ComputeMode), d.NVLinkPeers)
+			}
+			tw.Flush()
+			for i := range *samples {
+				if i > 0 {
+					time.Sleep(*interval)
+				}
+				us, err := c.Sample()
+				if err != nil {
+					fmt.Fprintf(stderr, "tessera gpus: %v\n", err)
+				}
+				fmt.Fprintf(stdout, "\nsample %d at %s\n", i+1, time.Now().Format(time.RFC3339Nano))
+				tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "INDEX\tMEM USED MiB\tSM %\tTEMP °C\tPOWER W\tTHROTTLED\tPROCESSES (pid:MiB:SM%)")
+				for _, u := range us {
+					if u.Lost {
+						fmt.Fprintf(tw, "%d\tlost\t\t\t\t\t\n", u.Index)
+						continue
+					}
+					var procs []string
+					for _, p := range u.Processes {
+						procs = append(procs, fmt.Sprintf("%d:%d:%s", p.PID, p.MemoryMiB, reading(p.SMUtil)))
+					}
+					fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%v\t%s\n", u.Index, u.MemoryUsedMiB, reading(u.SMUtil), reading(u.TemperatureC), reading(u.PowerW), u.Throttled(), strings.Join(procs, " "))
+				}
+				tw.Flush()
+			}
+			if *mpsCheck != "" && len(devs) > 0 {
+				if err := checkMPS(*mpsCheck, devs[0].UUID, stdout); err != nil {
+					fmt.Fprintf(stderr, "tessera gpus: MPS check: %v\n", err)
+					return exitError
+				}
+			}
+			if *sliceCheck != "" && len(devs) > 0 {
+				if err := checkTimeSlice(*sliceCheck, devs[0].UUID, stdout); err != nil {
+					fmt.Fprintf(stderr, "tessera gpus: time-slice check: %v\n", err)
+					return exitError
+				}
+			}
+			return exitOK
+		}()
+		return nil
 	}
-	if *mpsCheck != "" && len(devs) > 0 {
-		if err := checkMPS(*mpsCheck, devs[0].UUID, stdout); err != nil {
-			fmt.Fprintf(stderr, "tessera gpus: MPS check: %v\n", err)
-			return exitError
-		}
-	}
-	if *sliceCheck != "" && len(devs) > 0 {
-		if err := checkTimeSlice(*sliceCheck, devs[0].UUID, stdout); err != nil {
-			fmt.Fprintf(stderr, "tessera gpus: time-slice check: %v\n", err)
-			return exitError
-		}
-	}
-	return exitOK
+	return cmd
 }
 
 // checkTimeSlice sets one GPU's time-slice class through the agent's code,

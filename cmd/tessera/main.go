@@ -10,6 +10,9 @@ import (
 	"io"
 	"os"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"github.com/tessera-gpu/tessera/pkg/version"
 )
 
@@ -21,46 +24,60 @@ const (
 	// exitNoDriver (3, gpus.go): NVML could not be loaded.
 )
 
-const usage = `tessera — fine-grained GPU sharing for Kubernetes
-
-Usage:
-  tessera sim [flags]     replay a trace (or the built-in workload) through the allocator
-  tessera up [flags]      a local GPU cluster in this process (--demo: with a sample workload)
-  tessera top [flags]     who holds which GPU slice, per GPU, from a kubeconfig
-  tessera gpus [flags]    read this node's GPUs through NVML as the agent does
-  tessera version         print the version
-
-Run 'tessera <command> -h' for a command's flags.
-`
-
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// run executes the command line and returns the exit code: the command's
+// own, or exitUsage for a command line cobra refuses.
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+	code := exitOK
+	root := newRootCmd(stdout, stderr, &code)
+	root.SetArgs(args)
+	if err := root.Execute(); err != nil {
+		fmt.Fprintf(stderr, "tessera: %v\nRun 'tessera --help' for usage.\n", err)
 		return exitUsage
 	}
-	switch args[0] {
-	case "sim":
-		return runSim(args[1:], stdout, stderr)
-	case "gpus":
-		return runGPUs(args[1:], stdout, stderr)
-	case "up":
-		return runUp(args[1:], stdout, stderr)
-	case "top":
-		return runTop(args[1:], stdout, stderr)
-	case "mps-control":
-		// Not in the usage: the playground runs it as nvidia-cuda-mps-control.
-		return runMPSControl(args[1:], stdout, stderr)
-	case "version", "--version":
-		fmt.Fprintln(stdout, version.String("tessera"))
-		return exitOK
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
-		return exitOK
+	return code
+}
+
+func newRootCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
+	// Cobra merges pflag's process-wide flags into every command's; the
+	// Kubernetes libraries linked in (the playground's API server) register
+	// theirs there, a --version among them, none of them tessera's.
+	pflag.CommandLine = pflag.NewFlagSet("tessera", pflag.ContinueOnError)
+	root := &cobra.Command{
+		Use:   "tessera",
+		Short: "Fine-grained GPU sharing for Kubernetes",
+		Long: `tessera is the operator's tool for Tessera, fine-grained GPU sharing for
+Kubernetes: replay traces through the allocator (sim), run a local GPU
+cluster (up), see who holds which GPU slice (top), read a node's GPUs as the
+agent does (gpus).`,
+		Version:       version.String("tessera"),
+		SilenceErrors: true,
+		SilenceUsage:  true,
 	}
-	fmt.Fprintf(stderr, "tessera: unknown command %q\n\n%s", args[0], usage)
-	return exitUsage
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetVersionTemplate("{{.Version}}\n")
+	root.AddCommand(
+		newSimCmd(stdout, stderr, code),
+		newUpCmd(stdout, stderr, code),
+		newTopCmd(stdout, stderr, code),
+		newGPUsCmd(stdout, stderr, code),
+		&cobra.Command{
+			Use:   "version",
+			Short: "Print the version",
+			Args:  cobra.NoArgs,
+			Run:   func(*cobra.Command, []string) { fmt.Fprintln(stdout, version.String("tessera")) },
+		},
+		// Not in the help: the playground runs it as nvidia-cuda-mps-control.
+		&cobra.Command{
+			Use:                "mps-control",
+			Hidden:             true,
+			DisableFlagParsing: true,
+			Run:                func(_ *cobra.Command, args []string) { *code = runMPSControl(args, stdout, stderr) },
+		},
+	)
+	return root
 }

@@ -84,3 +84,44 @@ func TestSimBadConfig(t *testing.T) {
 		t.Errorf("exit %d, stderr %q, stdout %q", code, errOut, out)
 	}
 }
+
+// TestCLIHabits: the conventions kubectl and helm users expect.
+func TestCLIHabits(t *testing.T) {
+	for _, cmd := range []string{"sim", "up", "top", "gpus", "version", "completion"} {
+		code, out, errOut := runCLI(t, cmd, "--help")
+		if code != exitOK || !strings.Contains(out, "Usage:") {
+			t.Errorf("tessera %s --help: exit %d, stdout %q, stderr %q", cmd, code, out, errOut)
+		}
+	}
+	if code, out, _ := runCLI(t, "--version"); code != exitOK || !strings.HasPrefix(out, "tessera ") {
+		t.Errorf("--version: exit %d, %q", code, out)
+	}
+	for _, shell := range []string{"bash", "zsh", "fish"} {
+		if code, out, errOut := runCLI(t, "completion", shell); code != exitOK || !strings.Contains(out, "tessera") {
+			t.Errorf("completion %s: exit %d, stderr %q", shell, code, errOut)
+		}
+	}
+	_, out, _ := runCLI(t, "top", "--help")
+	for _, flag := range []string{"--kubeconfig", "--context", "--namespace", "--server", "-o, --output"} {
+		if !strings.Contains(out, flag) {
+			t.Errorf("tessera top lacks %s:\n%s", flag, out)
+		}
+	}
+	if code, _, errOut := runCLI(t, "top", "--bogus"); code != exitUsage || !strings.Contains(errOut, "unknown flag: --bogus") {
+		t.Errorf("an unknown flag: exit %d, stderr %q", code, errOut)
+	}
+}
+
+// TestTopWithoutACluster: with no kubeconfig anywhere, tessera top says how
+// to get a cluster, not client-go's KUBERNETES_MASTER hint.
+func TestTopWithoutACluster(t *testing.T) {
+	t.Setenv("KUBECONFIG", filepath.Join(t.TempDir(), "none"))
+	t.Setenv("HOME", t.TempDir())
+	code, _, errOut := runCLI(t, "top")
+	if code != exitUsage || !strings.Contains(errOut, "tessera up") || strings.Contains(errOut, "KUBERNETES_MASTER") {
+		t.Errorf("exit %d, stderr %q", code, errOut)
+	}
+	if code, _, errOut := runCLI(t, "top", "-o", "xml"); code != exitUsage || !strings.Contains(errOut, `-o "xml"`) {
+		t.Errorf("-o xml: exit %d, stderr %q", code, errOut)
+	}
+}

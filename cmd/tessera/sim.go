@@ -1,9 +1,8 @@
 package main
 
 import (
-	"errors"
-	"flag"
 	"fmt"
+	"github.com/spf13/cobra"
 	"io"
 	"os"
 	"path/filepath"
@@ -15,17 +14,12 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/sim"
 )
 
-const simUsage = `Usage: tessera sim [flags]
-
-Replays a pod list on a cluster through Tessera's allocator, the way the FGD
+const simLong = `Replays a pod list on a cluster through Tessera's allocator, the way the FGD
 paper's simulator does (USENIX ATC'23): every pod of the list plus pods drawn
 at random until GPU demand reaches --tune × capacity, shuffled by the seed,
 placed one at a time, never deleted. Prints a summary per policy (mean over
 seeds); --out writes the allocation curve CSV in the paper's format, --plot a
-PNG. Without --nodes and --pods it replays the built-in synthetic workload.
-
-Flags:
-`
+PNG. Without --nodes and --pods it replays the built-in synthetic workload.`
 
 // policyList is a repeatable --policy flag.
 type policyList []config.Policy
@@ -37,6 +31,9 @@ func (p *policyList) String() string {
 	}
 	return strings.Join(s, ",")
 }
+
+// Type names the flag's value in help, as pflag wants.
+func (p *policyList) Type() string { return "policies" }
 
 func (p *policyList) Set(v string) error {
 	for _, name := range strings.Split(v, ",") {
@@ -61,13 +58,15 @@ func policyNames() []string {
 	return names
 }
 
-func runSim(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("tessera sim", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, simUsage)
-		fs.PrintDefaults()
+func newSimCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "sim",
+		Short: "Replay a trace (or the built-in workload) through the allocator",
+		Long:  simLong,
+		Args:  cobra.NoArgs,
 	}
+
+	fs := cmd.Flags()
 	var (
 		policies   policyList
 		nodesPath  = fs.String("nodes", "", "node list CSV (columns sn,cpu_milli,memory_mib,gpu,model)")
@@ -84,113 +83,110 @@ func runSim(args []string, stdout, stderr io.Writer) int {
 		progress   = fs.Bool("progress", term.IsTerminal(int(os.Stderr.Fd())), "show a progress bar on standard error")
 	)
 	fs.Var(&policies, "policy", "scoring policy, repeatable or comma-separated: "+strings.Join(policyNames(), ", ")+" or all (default all)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return exitUsage
-	}
-	usageErr := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "tessera sim: "+format+"\n", a...)
-		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		return usageErr("unexpected argument %q", fs.Arg(0))
-	}
-	if len(policies) == 0 {
-		policies = config.Policies
-	}
-	seeds, err := sim.ParseSeeds(*seedsFlag)
-	if err != nil {
-		return usageErr("%v", err)
-	}
-	if !(*tune > 0 && *tune <= 10) {
-		return usageErr("--tune %v: must be in (0, 10]", *tune)
-	}
-	if (*nodesPath == "") != (*podsPath == "") {
-		return usageErr("--nodes and --pods go together")
-	}
-	cfg := config.Default()
-	if *configPath != "" {
-		data, err := os.ReadFile(*configPath)
-		if err != nil {
-			fmt.Fprintf(stderr, "tessera sim: %v\n", err)
-			return exitError
-		}
-		if cfg, err = config.Load(data); err != nil {
-			fmt.Fprintf(stderr, "tessera sim: %s: %v\n", *configPath, err)
-			return exitError
-		}
-	}
-
-	var name string
-	var nodes []sim.NodeSpec
-	var pods []sim.PodSpec
-	if *nodesPath == "" {
-		name = "synthetic"
-		nodes, pods = sim.Synthetic(sim.SyntheticOptions{Nodes: *synthNodes, Pods: *synthPods, Seed: *synthSeed})
-	} else {
-		name = workloadName(*podsPath)
-		if nodes, err = sim.ReadNodes(*nodesPath); err == nil {
-			pods, err = sim.ReadPods(*podsPath)
-		}
-		if err != nil {
-			fmt.Fprintf(stderr, "tessera sim: %v\n", err)
-			return exitError
-		}
-	}
-	trace, err := sim.NewTrace(name, nodes, pods, cfg.Allocator.WorkloadCoverage)
-	if err != nil {
-		fmt.Fprintf(stderr, "tessera sim: %v\n", err)
-		return exitError
-	}
-
-	bar := newProgressBar(stderr, *progress, len(policies)*len(seeds))
-	var results []*sim.Result
-	for _, pol := range policies {
-		for _, seed := range seeds {
-			res, err := trace.Run(cfg.Allocator, sim.RunOptions{
-				Policy: pol, Seed: seed, Tune: *tune, Plain: *plain,
-				Progress: func(done, total int) { bar.update(fmt.Sprintf("%s seed %d", pol, seed), done, total) },
-			})
+	cmd.RunE = func(*cobra.Command, []string) error {
+		*code = func() int {
+			usageErr := func(format string, a ...any) int {
+				fmt.Fprintf(stderr, "tessera sim: "+format+"\n", a...)
+				return exitUsage
+			}
+			if len(policies) == 0 {
+				policies = config.Policies
+			}
+			seeds, err := sim.ParseSeeds(*seedsFlag)
 			if err != nil {
-				bar.done()
+				return usageErr("%v", err)
+			}
+			if !(*tune > 0 && *tune <= 10) {
+				return usageErr("--tune %v: must be in (0, 10]", *tune)
+			}
+			if (*nodesPath == "") != (*podsPath == "") {
+				return usageErr("--nodes and --pods go together")
+			}
+			cfg := config.Default()
+			if *configPath != "" {
+				data, err := os.ReadFile(*configPath)
+				if err != nil {
+					fmt.Fprintf(stderr, "tessera sim: %v\n", err)
+					return exitError
+				}
+				if cfg, err = config.Load(data); err != nil {
+					fmt.Fprintf(stderr, "tessera sim: %s: %v\n", *configPath, err)
+					return exitError
+				}
+			}
+
+			var name string
+			var nodes []sim.NodeSpec
+			var pods []sim.PodSpec
+			if *nodesPath == "" {
+				name = "synthetic"
+				nodes, pods = sim.Synthetic(sim.SyntheticOptions{Nodes: *synthNodes, Pods: *synthPods, Seed: *synthSeed})
+			} else {
+				name = workloadName(*podsPath)
+				if nodes, err = sim.ReadNodes(*nodesPath); err == nil {
+					pods, err = sim.ReadPods(*podsPath)
+				}
+				if err != nil {
+					fmt.Fprintf(stderr, "tessera sim: %v\n", err)
+					return exitError
+				}
+			}
+			trace, err := sim.NewTrace(name, nodes, pods, cfg.Allocator.WorkloadCoverage)
+			if err != nil {
 				fmt.Fprintf(stderr, "tessera sim: %v\n", err)
 				return exitError
 			}
-			bar.finishRun()
-			results = append(results, res)
-		}
-	}
-	bar.done()
 
-	if *out != "" {
-		if err := writeCSV(*out, stdout, results); err != nil {
-			fmt.Fprintf(stderr, "tessera sim: %v\n", err)
-			return exitError
-		}
+			bar := newProgressBar(stderr, *progress, len(policies)*len(seeds))
+			var results []*sim.Result
+			for _, pol := range policies {
+				for _, seed := range seeds {
+					res, err := trace.Run(cfg.Allocator, sim.RunOptions{
+						Policy: pol, Seed: seed, Tune: *tune, Plain: *plain,
+						Progress: func(done, total int) { bar.update(fmt.Sprintf("%s seed %d", pol, seed), done, total) },
+					})
+					if err != nil {
+						bar.done()
+						fmt.Fprintf(stderr, "tessera sim: %v\n", err)
+						return exitError
+					}
+					bar.finishRun()
+					results = append(results, res)
+				}
+			}
+			bar.done()
+
+			if *out != "" {
+				if err := writeCSV(*out, stdout, results); err != nil {
+					fmt.Fprintf(stderr, "tessera sim: %v\n", err)
+					return exitError
+				}
+			}
+			if *plotPath != "" {
+				if err := sim.SavePlot(*plotPath, name, results); err != nil {
+					fmt.Fprintf(stderr, "tessera sim: %v\n", err)
+					return exitError
+				}
+			}
+			summaryOut := stdout
+			if *out == "-" {
+				summaryOut = stderr
+			}
+			if err := sim.WriteSummary(summaryOut, name, trace.GPUs(), *tune, sim.Summarize(results)); err != nil {
+				return exitError
+			}
+			var ceilings []sim.Ceiling
+			for _, seed := range seeds {
+				ceilings = append(ceilings, trace.CeilingOf(seed, *tune))
+			}
+			if err := sim.WriteCeiling(summaryOut, trace.GPUs(), ceilings); err != nil {
+				return exitError
+			}
+			return exitOK
+		}()
+		return nil
 	}
-	if *plotPath != "" {
-		if err := sim.SavePlot(*plotPath, name, results); err != nil {
-			fmt.Fprintf(stderr, "tessera sim: %v\n", err)
-			return exitError
-		}
-	}
-	summaryOut := stdout
-	if *out == "-" {
-		summaryOut = stderr
-	}
-	if err := sim.WriteSummary(summaryOut, name, trace.GPUs(), *tune, sim.Summarize(results)); err != nil {
-		return exitError
-	}
-	var ceilings []sim.Ceiling
-	for _, seed := range seeds {
-		ceilings = append(ceilings, trace.CeilingOf(seed, *tune))
-	}
-	if err := sim.WriteCeiling(summaryOut, trace.GPUs(), ceilings); err != nil {
-		return exitError
-	}
-	return exitOK
+	return cmd
 }
 
 // workloadName labels a pod list the way the paper's CSVs do:

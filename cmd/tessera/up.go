@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/spf13/cobra"
 	"io"
 	"os"
 	"os/signal"
@@ -21,104 +22,113 @@ import (
 
 // runUp is `tessera up`: a local GPU cluster in this process, until Ctrl-C
 // (or, with --demo, until the sample workload is shown).
-func runUp(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("tessera up", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+func newUpCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "A local GPU cluster in this process (--demo: with a sample workload)",
+		Long:  "Runs etcd, the API server, tessera-scheduler and one tessera-agent per\nsimulated GPU node in this process, on mock GPUs, until Ctrl-C. Prints a\nkubeconfig for kubectl and tessera top.",
+		Args:  cobra.NoArgs,
+	}
+
+	fs := cmd.Flags()
 	var (
 		opts    playground.Options
 		demo    = fs.Bool("demo", false, "submit a sample workload, print where it landed, and exit")
 		keep    = fs.Bool("keep", false, "with --demo: stay up afterwards until Ctrl-C")
 		mps     = fs.Int("mps-nodes", -1, "how many nodes run their GPUs in MPS mode (default: half, rounded up)")
-		verbose = fs.Int("v", 0, "log verbosity of the components (their log goes to $TMPDIR/tessera-up-*.log, kept on exit)")
+		verbose = fs.IntP("v", "v", 0, "log verbosity of the components (their log goes to $TMPDIR/tessera-up-*.log, kept on exit)")
 	)
 	fs.IntVar(&opts.Nodes, "nodes", 4, "simulated GPU nodes")
 	fs.IntVar(&opts.GPUsPerNode, "gpus-per-node", 8, "GPUs per node (1–8)")
 	fs.StringVar(&opts.Model, "gpu-model", "h100", "GPU model of every node: "+strings.Join(playground.Models, ", "))
-	if err := fs.Parse(args); err != nil {
-		return exitUsage
-	}
-	opts.MPSNodes = *mps
-	if opts.MPSNodes < 0 {
-		opts.MPSNodes = (opts.Nodes + 1) / 2
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		fmt.Fprintf(stderr, "tessera up: %v\n", err)
-		return exitError
-	}
-	opts.MPSControl = []string{exe, "mps-control"}
-	if err := opts.Validate(); err != nil {
-		fmt.Fprintf(stderr, "tessera up: %v\n", err)
-		return exitUsage
-	}
+	cmd.RunE = func(*cobra.Command, []string) error {
+		*code = func() int {
+			opts.MPSNodes = *mps
+			if opts.MPSNodes < 0 {
+				opts.MPSNodes = (opts.Nodes + 1) / 2
+			}
+			exe, err := os.Executable()
+			if err != nil {
+				fmt.Fprintf(stderr, "tessera up: %v\n", err)
+				return exitError
+			}
+			opts.MPSControl = []string{exe, "mps-control"}
+			if err := opts.Validate(); err != nil {
+				fmt.Fprintf(stderr, "tessera up: %v\n", err)
+				return exitUsage
+			}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	dir, err := os.MkdirTemp("", "tessera-up-")
-	if err != nil {
-		fmt.Fprintf(stderr, "tessera up: %v\n", err)
-		return exitError
-	}
-	defer os.RemoveAll(dir)
-	opts.Dir = dir
-	// The log outlives the state directory: it is what to read when
-	// something went wrong, after the fact.
-	logFile, err := os.CreateTemp("", "tessera-up-*.log")
-	if err != nil {
-		fmt.Fprintf(stderr, "tessera up: %v\n", err)
-		return exitError
-	}
-	logPath := logFile.Name()
-	logFile.Close()
-	if err := logToFile(logPath, *verbose); err != nil {
-		fmt.Fprintf(stderr, "tessera up: %v\n", err)
-		return exitError
-	}
-	defer func() {
-		klog.Flush()
-		fmt.Fprintf(stdout, "Components' log kept at %s\n", logPath)
-	}()
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			dir, err := os.MkdirTemp("", "tessera-up-")
+			if err != nil {
+				fmt.Fprintf(stderr, "tessera up: %v\n", err)
+				return exitError
+			}
+			defer os.RemoveAll(dir)
+			opts.Dir = dir
+			// The log outlives the state directory: it is what to read when
+			// something went wrong, after the fact.
+			logFile, err := os.CreateTemp("", "tessera-up-*.log")
+			if err != nil {
+				fmt.Fprintf(stderr, "tessera up: %v\n", err)
+				return exitError
+			}
+			logPath := logFile.Name()
+			logFile.Close()
+			if err := logToFile(logPath, *verbose); err != nil {
+				fmt.Fprintf(stderr, "tessera up: %v\n", err)
+				return exitError
+			}
+			defer func() {
+				klog.Flush()
+				fmt.Fprintf(stdout, "Components' log kept at %s\n", logPath)
+			}()
 
-	start := time.Now()
-	fmt.Fprintf(stdout, "Starting %d %s nodes × %d GPUs (%d in MPS mode) …\n", opts.Nodes, opts.Model, opts.GPUsPerNode, opts.MPSNodes)
-	c, err := playground.Up(ctx, opts)
-	if err != nil {
-		fmt.Fprintf(stderr, "tessera up: %v (log: %s)\n", err, logPath)
-		return exitError
-	}
-	defer func() {
-		fmt.Fprintln(stdout, "Shutting down …")
-		c.Down()
-	}()
-	fmt.Fprintf(stdout, "Cluster up in %.1f s.\n\n", time.Since(start).Seconds())
-	var metrics []string
-	for _, n := range c.Nodes {
-		metrics = append(metrics, n.MetricsURL)
-	}
-	if !*demo || *keep {
-		fmt.Fprintf(stdout, `  export KUBECONFIG=%s
-  kubectl get nodes
-  kubectl get pods -A -o wide
-  tessera top --kubeconfig %s --metrics %s
+			start := time.Now()
+			fmt.Fprintf(stdout, "Starting %d %s nodes × %d GPUs (%d in MPS mode) …\n", opts.Nodes, opts.Model, opts.GPUsPerNode, opts.MPSNodes)
+			c, err := playground.Up(ctx, opts)
+			if err != nil {
+				fmt.Fprintf(stderr, "tessera up: %v (log: %s)\n", err, logPath)
+				return exitError
+			}
+			defer func() {
+				fmt.Fprintln(stdout, "Shutting down …")
+				c.Down()
+			}()
+			fmt.Fprintf(stdout, "Cluster up in %.1f s.\n\n", time.Since(start).Seconds())
+			var metrics []string
+			for _, n := range c.Nodes {
+				metrics = append(metrics, n.MetricsURL)
+			}
+			if !*demo || *keep {
+				fmt.Fprintf(stdout, `  export KUBECONFIG=%s
+		  kubectl get nodes
+		  kubectl get pods -A -o wide
+		  tessera top --kubeconfig %s --metrics %s
 
-Scheduler metrics: %s (self-signed HTTPS)
-Agent metrics:     %s
-Components' log:   %s
+		Scheduler metrics: %s (self-signed HTTPS)
+		Agent metrics:     %s
+		Components' log:   %s
 
-`, c.Kubeconfig, c.Kubeconfig, strings.Join(metrics, ","), c.SchedulerMetricsURL, strings.Join(metrics, " "), logPath)
-	}
-	if *demo {
-		if err := runDemo(ctx, c, start, metrics, stdout); err != nil {
-			fmt.Fprintf(stderr, "tessera up: demo: %v\n", err)
-			return exitError
-		}
-		if !*keep {
+		`, c.Kubeconfig, c.Kubeconfig, strings.Join(metrics, ","), c.SchedulerMetricsURL, strings.Join(metrics, " "), logPath)
+			}
+			if *demo {
+				if err := runDemo(ctx, c, start, metrics, stdout); err != nil {
+					fmt.Fprintf(stderr, "tessera up: demo: %v\n", err)
+					return exitError
+				}
+				if !*keep {
+					return exitOK
+				}
+			}
+			fmt.Fprintln(stdout, "Up. Ctrl-C stops everything and removes", dir)
+			<-ctx.Done()
 			return exitOK
-		}
+		}()
+		return nil
 	}
-	fmt.Fprintln(stdout, "Up. Ctrl-C stops everything and removes", dir)
-	<-ctx.Done()
-	return exitOK
+	return cmd
 }
 
 // logToFile sends the components' klog output to path: kube-apiserver and

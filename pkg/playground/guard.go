@@ -28,6 +28,16 @@ import (
 // Apply server-side applies objs, in order, as cfg's user: what `kubectl
 // apply --server-side` does with a manifest.
 func Apply(ctx context.Context, cfg *rest.Config, objs []*unstructured.Unstructured) error {
+	return apply(ctx, cfg, objs, nil)
+}
+
+// DryRunApply is Apply with the API server's dry run: every object is
+// defaulted, validated and admitted (policies included) and none is stored.
+func DryRunApply(ctx context.Context, cfg *rest.Config, objs []*unstructured.Unstructured) error {
+	return apply(ctx, cfg, objs, []string{metav1.DryRunAll})
+}
+
+func apply(ctx context.Context, cfg *rest.Config, objs []*unstructured.Unstructured, dryRun []string) error {
 	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
 	if err != nil {
 		return err
@@ -47,7 +57,7 @@ func Apply(ctx context.Context, cfg *rest.Config, objs []*unstructured.Unstructu
 		if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
 			ri = dyn.Resource(mapping.Resource).Namespace(u.GetNamespace())
 		}
-		if _, err := ri.Apply(ctx, u.GetName(), u, metav1.ApplyOptions{FieldManager: "tessera", Force: true}); err != nil {
+		if _, err := ri.Apply(ctx, u.GetName(), u, metav1.ApplyOptions{FieldManager: "tessera", Force: true, DryRun: dryRun}); err != nil {
 			return fmt.Errorf("%s %s: %w", gvk.Kind, u.GetName(), err)
 		}
 	}

@@ -33,34 +33,36 @@ import (
 
 // Tenant is one container's grant on one GPU.
 type Tenant struct {
-	Namespace, Pod, Container string
-	Priority                  int32
-	Mode                      gpu.SharingMode
-	MemoryMiB                 int64
-	CoresPercent              int
+	Namespace    string          `json:"namespace"`
+	Pod          string          `json:"pod"`
+	Container    string          `json:"container"`
+	Priority     int32           `json:"priority"`
+	Mode         gpu.SharingMode `json:"mode"`
+	MemoryMiB    int64           `json:"memoryMiB"`
+	CoresPercent int             `json:"coresPercent"`
 	// State is the pod's phase, Terminating, Preempting (it holds a
 	// preemption notice), or NotStarted (bound with its slices booked, no
 	// container started yet), with the reason a container waits.
-	State string
+	State string `json:"state"`
 	// Live usage, when an agent reported it.
-	Live          bool
-	UsedMiB       int64
-	SMUtilization float64
+	Live          bool    `json:"live"`
+	UsedMiB       int64   `json:"usedMiB,omitempty"`
+	SMUtilization float64 `json:"smUtilization,omitempty"`
 }
 
 // GPU is one GPU and its tenants.
 type GPU struct {
-	Node      string
-	Index     int
-	UUID      string
-	Model     string
-	MemoryMiB int64
-	Healthy   bool
-	Slices    int
+	Node      string `json:"node"`
+	Index     int    `json:"index"`
+	UUID      string `json:"uuid"`
+	Model     string `json:"model"`
+	MemoryMiB int64  `json:"memoryMiB"`
+	Healthy   bool   `json:"healthy"`
+	Slices    int    `json:"slices,omitempty"`
 	// MPS: the GPU runs MPS (its agent's inventory says so); the agent
 	// keeps it in exclusive-process mode, where no tenant can time-slice.
-	MPS     bool
-	Tenants []Tenant
+	MPS     bool     `json:"mps"`
+	Tenants []Tenant `json:"tenants"`
 }
 
 // Mode is the GPU's sharing mode: "free" without tenants, "exclusive" when a
@@ -121,18 +123,18 @@ func (g GPU) GrantedCores() int {
 
 // Snapshot is the cluster's GPUs, ordered by node and index.
 type Snapshot struct {
-	GPUs []GPU
+	GPUs []GPU `json:"gpus"`
 	// Pending counts GPU pods not yet placed.
-	Pending int
+	Pending int `json:"pending"`
 	// NotStarted counts pods holding slices whose containers never started.
-	NotStarted int
+	NotStarted int `json:"notStarted"`
 	// Unreadable lists the nodes whose inventory annotation could not be
 	// read, with why: their GPUs are unknown, not absent.
-	Unreadable []string
+	Unreadable []string `json:"unreadable,omitempty"`
 	// Held lists pods bound to a node without a Tessera assignment that
 	// hold its device-plugin slots (the agent refuses them their GPUs;
 	// kubelet keeps their slots until they are deleted).
-	Held []string
+	Held []string `json:"held,omitempty"`
 }
 
 // Collect reads the inventories and the pods' assignments.

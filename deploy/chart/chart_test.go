@@ -1,0 +1,325 @@
+package chart
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	"helm.sh/helm/v4/pkg/chart/v2/lint"
+	"helm.sh/helm/v4/pkg/chart/v2/lint/support"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+)
+
+// Operator is what a cluster with the Prometheus Operator serves.
+var Operator = []string{"monitoring.coreos.com/v1/PrometheusRule", "monitoring.coreos.com/v1/ServiceMonitor"}
+
+// objects decodes every rendered document.
+func objects(t *testing.T, r Rendered) []*unstructured.Unstructured {
+	t.Helper()
+	all, err := r.Join()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*unstructured.Unstructured
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(all), 4096)
+	for {
+		var m map[string]any
+		if err := dec.Decode(&m); err != nil {
+			if err.Error() == "EOF" {
+				return out
+			}
+			t.Fatalf("rendered YAML: %v", err)
+		}
+		if len(m) > 0 {
+			out = append(out, &unstructured.Unstructured{Object: m})
+		}
+	}
+}
+
+func names(objs []*unstructured.Unstructured) []string {
+	var out []string
+	for _, o := range objs {
+		out = append(out, o.GetKind()+"/"+o.GetName())
+	}
+	return out
+}
+
+func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetKind() == kind && o.GetName() == name {
+			return o
+		}
+	}
+	t.Fatalf("no %s/%s among %v", kind, name, names(objs))
+	return nil
+}
+
+func container(t *testing.T, o *unstructured.Unstructured) map[string]any {
+	t.Helper()
+	cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+	if len(cs) != 1 {
+		t.Fatalf("%s/%s has %d containers", o.GetKind(), o.GetName(), len(cs))
+	}
+	return cs[0].(map[string]any)
+}
+
+func schedulerConfig(t *testing.T, objs []*unstructured.Unstructured) map[string]any {
+	t.Helper()
+	cm := find(t, objs, "ConfigMap", "tessera-scheduler-config")
+	text, _, _ := unstructured.NestedString(cm.Object, "data", "scheduler-config.yaml")
+	var cfg map[string]any
+	if err := yaml.Unmarshal([]byte(text), &cfg); err != nil {
+		t.Fatalf("scheduler-config.yaml: %v", err)
+	}
+	return cfg
+}
+
+func profileNames(cfg map[string]any) []string {
+	var out []string
+	for _, p := range cfg["profiles"].([]any) {
+		out = append(out, p.(map[string]any)["schedulerName"].(string))
+	}
+	return out
+}
+
+// TestRenderDefault renders the defaults for a cluster with the Prometheus
+// Operator and checks what the chart promises: both components, the
+// scheduler's two replicas with leader election, non-root, read-only root,
+// probes and a disruption budget, the policies and PriorityClasses, and the
+// Operator's kinds.
+func TestRenderDefault(t *testing.T) {
+	r, err := Render(nil, Options{APIVersions: Operator})
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := objects(t, r)
+	t.Logf("the chart renders by default (with the Prometheus Operator): %s", strings.Join(names(objs), " "))
+	for _, want := range []string{
+		"Deployment/tessera-scheduler", "ServiceAccount/tessera-scheduler", "ConfigMap/tessera-scheduler-config",
+		"Service/tessera-scheduler-metrics", "PodDisruptionBudget/tessera-scheduler",
+		"ClusterRoleBinding/tessera-scheduler-as-kube-scheduler", "ClusterRoleBinding/tessera-scheduler-as-volume-scheduler",
+		"DaemonSet/tessera-agent", "ServiceAccount/tessera-agent", "Service/tessera-agent-metrics",
+		"PriorityClass/gpu-critical", "PriorityClass/gpu-standard", "PriorityClass/gpu-batch",
+		"ValidatingAdmissionPolicy/tessera-scheduler-annotations", "ValidatingAdmissionPolicyBinding/tessera-gpu-pod-limits",
+		"PrometheusRule/tessera", "ServiceMonitor/tessera-agent", "ServiceMonitor/tessera-scheduler",
+	} {
+		if !slices.Contains(names(objs), want) {
+			t.Errorf("no %s", want)
+		}
+	}
+	if slices.Contains(names(objs), "Namespace/tessera-system") {
+		t.Error("a Namespace by default: helm install --create-namespace would conflict with it")
+	}
+	dep := find(t, objs, "Deployment", "tessera-scheduler")
+	if n, _, _ := unstructured.NestedFieldNoCopy(dep.Object, "spec", "replicas"); n != float64(2) {
+		t.Errorf("replicas %v, want 2", n)
+	}
+	if nonRoot, _, _ := unstructured.NestedBool(dep.Object, "spec", "template", "spec", "securityContext", "runAsNonRoot"); !nonRoot {
+		t.Error("the scheduler may run as root")
+	}
+	c := container(t, dep)
+	if ro, _, _ := unstructured.NestedBool(c, "securityContext", "readOnlyRootFilesystem"); !ro {
+		t.Error("the scheduler's root file system is writable")
+	}
+	for _, probe := range []string{"livenessProbe", "readinessProbe"} {
+		if path, _, _ := unstructured.NestedString(c, probe, "httpGet", "path"); path == "" {
+			t.Errorf("no %s on the scheduler", probe)
+		}
+	}
+	if _, ok := c["resources"].(map[string]any)["requests"]; !ok {
+		t.Error("no resource requests on the scheduler")
+	}
+	if img := c["image"]; img != "ghcr.io/tessera-gpu/tessera-scheduler:v0.1.0" {
+		t.Errorf("scheduler image %v", img)
+	}
+	cfg := schedulerConfig(t, objs)
+	if le := cfg["leaderElection"].(map[string]any); le["leaderElect"] != true || le["resourceName"] != "tessera-scheduler" {
+		t.Errorf("leader election %v", le)
+	}
+	if got := profileNames(cfg); !slices.Equal(got, []string{"tessera-scheduler"}) {
+		t.Errorf("profiles %v beside kube-scheduler, want only tessera-scheduler", got)
+	}
+	if args := container(t, find(t, objs, "DaemonSet", "tessera-agent"))["args"].([]any); !slices.Contains(args, any("--mps")) {
+		t.Errorf("agent args %v: MPS is on by default", args)
+	}
+	checkOperatorKinds(t, objs)
+}
+
+// checkOperatorKinds holds the Prometheus Operator's objects to the
+// Operator's own Go types, refusing any field they do not have: the API
+// server of these tests has no such CRDs to dry-run them against.
+func checkOperatorKinds(t *testing.T, objs []*unstructured.Unstructured) {
+	t.Helper()
+	for _, o := range objs {
+		var into any
+		switch o.GetKind() {
+		case "PrometheusRule":
+			into = &monitoringv1.PrometheusRule{}
+		case "ServiceMonitor":
+			into = &monitoringv1.ServiceMonitor{}
+		default:
+			continue
+		}
+		b, err := json.Marshal(o.Object)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(into); err != nil {
+			t.Errorf("%s/%s does not fit monitoring.coreos.com/v1: %v", o.GetKind(), o.GetName(), err)
+		}
+		if pr, ok := into.(*monitoringv1.PrometheusRule); ok {
+			if len(pr.Spec.Groups) == 0 {
+				t.Error("the PrometheusRule has no rule groups")
+			}
+			for _, g := range pr.Spec.Groups {
+				for _, rule := range g.Rules {
+					if rule.Expr.String() == "" || (rule.Alert == "" && rule.Record == "") {
+						t.Errorf("group %s: a rule without expr or name: %+v", g.Name, rule)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestRenderVariants renders the values an operator changes most and checks
+// each takes effect.
+func TestRenderVariants(t *testing.T) {
+	tests := []struct {
+		name   string
+		values string
+		apis   []string
+		check  func(t *testing.T, objs []*unstructured.Unstructured)
+	}{
+		{"MPS off", "agent: {mps: false}", Operator, func(t *testing.T, objs []*unstructured.Unstructured) {
+			args := container(t, find(t, objs, "DaemonSet", "tessera-agent"))["args"].([]any)
+			if slices.Contains(args, any("--mps")) {
+				t.Errorf("agent args %v with MPS off", args)
+			}
+		}},
+		{"no Prometheus Operator", "", nil, func(t *testing.T, objs []*unstructured.Unstructured) {
+			for _, n := range names(objs) {
+				if strings.HasPrefix(n, "PrometheusRule/") || strings.HasPrefix(n, "ServiceMonitor/") {
+					t.Errorf("%s rendered for a cluster without the Operator's CRDs", n)
+				}
+			}
+			cm := find(t, objs, "ConfigMap", "tessera-prometheus-rules")
+			rules, _, _ := unstructured.NestedString(cm.Object, "data", "tessera-rules.yaml")
+			if !strings.Contains(rules, "alert: TesseraGPUStalled") {
+				t.Errorf("the rules ConfigMap holds %.80q…", rules)
+			}
+		}},
+		{"custom image registry", "image: {registry: registry.corp.example:5000/gpu/, tag: v9.9.9, pullSecrets: [{name: corp}]}", Operator, func(t *testing.T, objs []*unstructured.Unstructured) {
+			for kind, name := range map[string]string{"Deployment": "tessera-scheduler", "DaemonSet": "tessera-agent"} {
+				o := find(t, objs, kind, name)
+				if img := container(t, o)["image"]; img != "registry.corp.example:5000/gpu/"+name+":v9.9.9" {
+					t.Errorf("%s image %v", name, img)
+				}
+				secrets, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "imagePullSecrets")
+				if len(secrets) != 1 {
+					t.Errorf("%s pull secrets %v", name, secrets)
+				}
+			}
+		}},
+		{"the only scheduler", "scheduler: {mode: only, replicas: 1}", Operator, func(t *testing.T, objs []*unstructured.Unstructured) {
+			if got := profileNames(schedulerConfig(t, objs)); !slices.Equal(got, []string{"default-scheduler", "tessera-scheduler"}) {
+				t.Errorf("profiles %v as the only scheduler", got)
+			}
+			if slices.Contains(names(objs), "PodDisruptionBudget/tessera-scheduler") {
+				t.Error("a disruption budget of one replica would block every drain")
+			}
+		}},
+		{"guards and classes off", "admissionPolicies: {enabled: false}\npriorityClasses: {enabled: false}", Operator, func(t *testing.T, objs []*unstructured.Unstructured) {
+			for _, n := range names(objs) {
+				if strings.HasPrefix(n, "ValidatingAdmissionPolicy") || strings.HasPrefix(n, "PriorityClass/") {
+					t.Errorf("%s rendered while disabled", n)
+				}
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var values map[string]any
+			if err := yaml.Unmarshal([]byte(tt.values), &values); err != nil {
+				t.Fatal(err)
+			}
+			r, err := Render(values, Options{APIVersions: tt.apis})
+			if err != nil {
+				t.Fatal(err)
+			}
+			objs := objects(t, r)
+			tt.check(t, objs)
+			checkOperatorKinds(t, objs)
+		})
+	}
+}
+
+// TestValuesSchema: a wrong type or an unknown key fails rendering, and the
+// message names the path.
+func TestValuesSchema(t *testing.T) {
+	tests := []struct {
+		values, want string
+	}{
+		{"scheduler: {replicas: two}", "/scheduler/replicas"},
+		{"scheduler: {replica: 2}", "replica"},
+		{"agent: {mps: yes please}", "/agent/mps"},
+		{"scheduler: {mode: alone}", "/scheduler/mode"},
+		{"scheduler: {preemption: {gracePeriod: soon}}", "/scheduler/preemption/gracePeriod"},
+		{"monitoring: {grafana: true}", "grafana"},
+		{"image: {registry: \"\"}", "/image/registry"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.values, func(t *testing.T) {
+			var values map[string]any
+			if err := yaml.Unmarshal([]byte(tt.values), &values); err != nil {
+				t.Fatal(err)
+			}
+			_, err := Render(values, Options{})
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Render(%s) = %v, want an error naming %q", tt.values, err, tt.want)
+			}
+		})
+	}
+}
+
+// TestLint runs Helm's linter over the chart, with the default values and
+// with the variants, and wants no error and no warning.
+func TestLint(t *testing.T) {
+	for _, values := range []map[string]any{nil, {"agent": map[string]any{"mps": false}}, {"scheduler": map[string]any{"mode": "only"}}} {
+		l := lint.RunAll("tessera", values, "tessera-system")
+		for _, m := range l.Messages {
+			if m.Severity >= support.WarningSev {
+				t.Errorf("helm lint (values %v): %s", values, m)
+			}
+		}
+	}
+}
+
+// TestManifestsUpToDate: the plain manifests under deploy/ are what the
+// chart renders; a change to one without the other fails here.
+func TestManifestsUpToDate(t *testing.T) {
+	files, err := Manifests()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range files {
+		got, err := os.ReadFile(filepath.Join("..", name))
+		if err != nil {
+			t.Errorf("%v (run `make manifests`)", err)
+			continue
+		}
+		if string(got) != want {
+			t.Errorf("deploy/%s differs from the chart's rendering: run `make manifests` (or edit the chart, not the file)", name)
+		}
+	}
+}
