@@ -1,7 +1,7 @@
 package gpu
 
 // ResourceGPU and its siblings are the extended resources a pod asks for, per
-// container. They are the user-facing contract (see README.md).
+// container. They are the user-facing contract (see docs/user-guide.md).
 const (
 	// ResourceGPU is the number of GPUs a container wants.
 	ResourceGPU = "tessera.dev/gpu"

@@ -243,7 +243,7 @@ var (
 	descTemp      = prometheus.NewDesc("tessera_gpu_temperature_celsius", "GPU core temperature.", gpuLabels, nil)
 	descPower     = prometheus.NewDesc("tessera_gpu_power_watts", "GPU board power draw.", gpuLabels, nil)
 	descThrottled = prometheus.NewDesc("tessera_gpu_throttled", "1 when the GPU's clocks are held down by power or heat.", gpuLabels, nil)
-	descStall     = prometheus.NewDesc("tessera_gpu_stall_ratio", "Over the stall window, the fraction of busy samples with clocks held down by power or heat (see README).", gpuLabels, nil)
+	descStall     = prometheus.NewDesc("tessera_gpu_stall_ratio", "Over the stall window, the fraction of busy samples with clocks held down by power or heat (see docs/operations.md).", gpuLabels, nil)
 	descSlices    = prometheus.NewDesc("tessera_gpu_slices", "Slices the GPU is advertised as.", gpuLabels, nil)
 	descAlloc     = prometheus.NewDesc("tessera_gpu_slices_allocated", "Slices of the GPU handed to containers.", gpuLabels, nil)
 	descHealthy   = prometheus.NewDesc("tessera_gpu_healthy", "1 when the GPU takes slices; 0 after a fault (until the quiet period passes) or while it is lost.", gpuLabels, nil)
