@@ -40,9 +40,14 @@ func newGPUsCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 	samples := fs.Int("samples", 3, "usage samples to take")
 	interval := fs.Duration("interval", 500*time.Millisecond, "time between samples")
 	mpsCheck := fs.String("mps-check", "", "also start an MPS control daemon on GPU 0 with this control program (e.g. nvidia-cuda-mps-control), set a default client limit, read it back and stop it — as the agent does")
+	output := fs.StringP("output", "o", "", "output format: json or yaml (default: tables)")
 	sliceCheck := fs.String("timeslice-check", "", "also set GPU 0's driver time-slice class to long and back to default with this nvidia-smi, as the agent does on time-shared GPUs")
 	cmd.RunE = func(*cobra.Command, []string) error {
 		*code = func() int {
+			if err := checkOutput(*output); err != nil {
+				fmt.Fprintf(stderr, "tessera gpus: %v\n", err)
+				return exitUsage
+			}
 			if *samples < 0 || *interval <= 0 {
 				fmt.Fprintln(stderr, "tessera gpus: --samples must be ≥ 0 and --interval positive")
 				return exitUsage
@@ -61,7 +66,16 @@ func newGPUsCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 			if err != nil {
 				fmt.Fprintf(stderr, "tessera gpus: %v\n", err)
 			}
-			tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+			var report gpusReport
+			for _, d := range devs {
+				report.GPUs = append(report.GPUs, gpuInfo{Index: d.Index, UUID: d.UUID, Model: d.Model, MemoryMiB: d.MemoryMiB,
+					SMCount: d.SMCount, MIGEnabled: d.MIGEnabled, ComputeMode: computeMode(d.ComputeMode), NVLinkPeers: d.NVLinkPeers, PCIBusID: d.PCIBusID})
+			}
+			table := stdout
+			if *output != "" {
+				table = io.Discard
+			}
+			tw := tabwriter.NewWriter(table, 2, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "INDEX\tUUID\tMODEL\tMEMORY MiB\tSMs\tMIG\tCOMPUTE MODE\tNVLINK PEERS")
 			for _, d := range devs {
 				fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%v\t%s\t%v\n", d.Index, d.UUID, d.Model, d.MemoryMiB, d.SMCount, d.MIGEnabled, computeMode(d.ComputeMode), d.NVLinkPeers)
@@ -75,8 +89,10 @@ func newGPUsCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 				if err != nil {
 					fmt.Fprintf(stderr, "tessera gpus: %v\n", err)
 				}
-				fmt.Fprintf(stdout, "\nsample %d at %s\n", i+1, time.Now().Format(time.RFC3339Nano))
-				tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+				at := time.Now()
+				fmt.Fprintf(table, "\nsample %d at %s\n", i+1, at.Format(time.RFC3339Nano))
+				report.Samples = append(report.Samples, gpuSample{Time: at, GPUs: readings(us)})
+				tw := tabwriter.NewWriter(table, 2, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "INDEX\tMEM USED MiB\tSM %\tTEMP °C\tPOWER W\tTHROTTLED\tPROCESSES (pid:MiB:SM%)")
 				for _, u := range us {
 					if u.Lost {
@@ -90,6 +106,12 @@ func newGPUsCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 					fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%v\t%s\n", u.Index, u.MemoryUsedMiB, reading(u.SMUtil), reading(u.TemperatureC), reading(u.PowerW), u.Throttled(), strings.Join(procs, " "))
 				}
 				tw.Flush()
+			}
+			if *output != "" {
+				if err := printData(stdout, *output, report); err != nil {
+					fmt.Fprintf(stderr, "tessera gpus: %v\n", err)
+					return exitError
+				}
 			}
 			if *mpsCheck != "" && len(devs) > 0 {
 				if err := checkMPS(*mpsCheck, devs[0].UUID, stdout); err != nil {
@@ -174,4 +196,68 @@ func computeMode(m gonvml.ComputeMode) string {
 		return "prohibited"
 	}
 	return fmt.Sprint(int(m))
+}
+
+// gpusReport is `tessera gpus -o json|yaml`: the same readings as the
+// tables, with a reading the GPU does not report left out (null).
+type gpusReport struct {
+	GPUs    []gpuInfo   `json:"gpus"`
+	Samples []gpuSample `json:"samples"`
+}
+
+type gpuInfo struct {
+	Index       int    `json:"index"`
+	UUID        string `json:"uuid"`
+	Model       string `json:"model"`
+	MemoryMiB   int64  `json:"memoryMiB"`
+	SMCount     int    `json:"smCount,omitempty"`
+	MIGEnabled  bool   `json:"migEnabled"`
+	ComputeMode string `json:"computeMode"`
+	NVLinkPeers []int  `json:"nvlinkPeers,omitempty"`
+	PCIBusID    string `json:"pciBusID,omitempty"`
+}
+
+type gpuSample struct {
+	Time time.Time    `json:"time"`
+	GPUs []gpuReading `json:"gpus"`
+}
+
+type gpuReading struct {
+	Index          int          `json:"index"`
+	UUID           string       `json:"uuid"`
+	Lost           bool         `json:"lost,omitempty"`
+	MemoryUsedMiB  int64        `json:"memoryUsedMiB"`
+	MemoryTotalMiB int64        `json:"memoryTotalMiB"`
+	SMUtil         *float64     `json:"smUtilPercent"`
+	TemperatureC   *float64     `json:"temperatureC"`
+	PowerW         *float64     `json:"powerW"`
+	Throttled      bool         `json:"throttled"`
+	Processes      []gpuProcess `json:"processes,omitempty"`
+}
+
+type gpuProcess struct {
+	PID       uint32   `json:"pid"`
+	MemoryMiB int64    `json:"memoryMiB"`
+	SMUtil    *float64 `json:"smUtilPercent"`
+}
+
+// known is nil for NaN, NVML's "not reported" in the agent's readings.
+func known(v float64) *float64 {
+	if math.IsNaN(v) {
+		return nil
+	}
+	return &v
+}
+
+func readings(us []nvml.DeviceUsage) []gpuReading {
+	out := make([]gpuReading, 0, len(us))
+	for _, u := range us {
+		r := gpuReading{Index: u.Index, UUID: u.UUID, Lost: u.Lost, MemoryUsedMiB: u.MemoryUsedMiB, MemoryTotalMiB: u.MemoryTotalMiB,
+			SMUtil: known(u.SMUtil), TemperatureC: known(u.TemperatureC), PowerW: known(u.PowerW), Throttled: u.Throttled()}
+		for _, p := range u.Processes {
+			r.Processes = append(r.Processes, gpuProcess{PID: p.PID, MemoryMiB: p.MemoryMiB, SMUtil: known(p.SMUtil)})
+		}
+		out = append(out, r)
+	}
+	return out
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,6 +33,49 @@ func TestGPUsReadsTheMockServer(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// TestGPUsAsData: -o json carries the same readings, a reading the GPU does
+// not report as null rather than a NaN no JSON reader takes.
+func TestGPUsAsData(t *testing.T) {
+	srv := dgxh200.New()
+	nvmltest.Install(srv, func(i int) *nvmltest.Reading {
+		r := &nvmltest.Reading{SMCount: 132, Util: 40, TempC: 55, PowerMW: 500000, NVLink: true}
+		if i == 3 {
+			r.Procs = []gonvml.ProcessInfo{{Pid: 4242, UsedGpuMemory: 2 << 30}}
+		}
+		return r
+	})
+	defer func(f func() gonvml.Interface) { newNVML = f }(newNVML)
+	newNVML = func() gonvml.Interface { return srv }
+	code, out, errOut := runCLI(t, "gpus", "--samples", "1", "--interval", "1ms", "-o", "json")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var report struct {
+		GPUs []struct {
+			Model string `json:"model"`
+		} `json:"gpus"`
+		Samples []struct {
+			GPUs []struct {
+				Index     int `json:"index"`
+				Processes []struct {
+					PID    int      `json:"pid"`
+					SMUtil *float64 `json:"smUtilPercent"`
+				} `json:"processes"`
+			} `json:"gpus"`
+		} `json:"samples"`
+	}
+	if err := json.Unmarshal([]byte(out), &report); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	if len(report.GPUs) != 8 || report.GPUs[0].Model != "NVIDIA H200 141GB HBM3e" || len(report.Samples) != 1 {
+		t.Fatalf("report %+v", report)
+	}
+	p := report.Samples[0].GPUs[3].Processes
+	if len(p) != 1 || p[0].PID != 4242 || p[0].SMUtil != nil {
+		t.Errorf("GPU 3's processes %+v, want pid 4242 with no SM reading", p)
 	}
 }
 
