@@ -154,8 +154,9 @@ func TestRenderDefault(t *testing.T) {
 }
 
 // checkOperatorKinds holds the Prometheus Operator's objects to the
-// Operator's own Go types, refusing any field they do not have: the API
-// server of these tests has no such CRDs to dry-run them against.
+// Operator's own Go types, refusing any field they do not have, without an
+// API server; test/integration's TestChartDryRun also dry-runs them against
+// the Operator's CRDs.
 func checkOperatorKinds(t *testing.T, objs []*unstructured.Unstructured) {
 	t.Helper()
 	for _, o := range objs {

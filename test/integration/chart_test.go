@@ -1,16 +1,21 @@
 package integration
 
 import (
+	"context"
 	"errors"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/cmd/kube-scheduler/app/options"
@@ -25,12 +30,62 @@ import (
 // variants an operator picks, and server-side applies every object to the
 // real API server with dry run: each is defaulted, validated and admitted as
 // `helm install` would have it, nothing is stored. The Prometheus Operator's
-// kinds are held to their Go types in deploy/chart's tests instead (this API
-// server has no such CRDs). The scheduler configuration of each variant is
-// loaded and validated as kube-scheduler would.
+// CRDs (testdata, copied from the Operator's module) are installed first, so
+// its PrometheusRule and ServiceMonitors are checked against the Operator's
+// own schemas; one variant renders for a cluster without them. The
+// scheduler configuration of each variant is loaded and validated as
+// kube-scheduler would.
 func TestChartDryRun(t *testing.T) {
 	c := startCluster(t)
 	cfg := c.restConfig()
+	var crds []*unstructured.Unstructured
+	for _, f := range []string{"monitoring.coreos.com_prometheusrules.yaml", "monitoring.coreos.com_servicemonitors.yaml"} {
+		b, err := os.ReadFile(filepath.Join("testdata", "prometheus-operator-crd", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		crds = append(crds, decodeAll(t, string(b))...)
+	}
+	if err := playground.Apply(c.ctx, cfg, crds); err != nil {
+		t.Fatal(err)
+	}
+	// A CRD serves its kind once Established.
+	ext := apiextensionsclient.NewForConfigOrDie(cfg)
+	for _, crd := range crds {
+		err := wait.PollUntilContextTimeout(c.ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			got, err := ext.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, crd.GetName(), metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			for _, cond := range got.Status.Conditions {
+				if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+		if err != nil {
+			t.Fatalf("CRD %s never established: %v", crd.GetName(), err)
+		}
+	}
+	// …and the API server's discovery lists it a moment later.
+	err := wait.PollUntilContextTimeout(c.ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		l, err := c.client.Discovery().ServerResourcesForGroupVersion("monitoring.coreos.com/v1")
+		if err != nil {
+			return false, nil
+		}
+		n := 0
+		for _, r := range l.APIResources {
+			if r.Name == "prometheusrules" || r.Name == "servicemonitors" {
+				n++
+			}
+		}
+		return n == 2, nil
+	})
+	if err != nil {
+		t.Fatalf("the Prometheus Operator's kinds never appeared in discovery: %v", err)
+	}
+	operator := []string{"monitoring.coreos.com/v1/PrometheusRule", "monitoring.coreos.com/v1/ServiceMonitor"}
 	// Objects of a namespace that does not exist fail even a dry run; helm
 	// install --create-namespace makes it first.
 	if _, err := c.client.CoreV1().Namespaces().Create(c.ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "tessera-system"}}, metav1.CreateOptions{}); err != nil {
@@ -38,20 +93,21 @@ func TestChartDryRun(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name, values string
+		apis         []string
 	}{
-		{"default", ""},
-		{"MPS off", "agent: {mps: false}"},
-		{"custom image registry", "image: {registry: registry.corp.example:5000/gpu, tag: v9.9.9, pullSecrets: [{name: corp}]}"},
-		{"the only scheduler", "scheduler: {mode: only, replicas: 1, leaseNamespace: tessera-system}"},
-		{"plain manifests", "createNamespace: true"},
+		{"default", "", operator},
+		{"MPS off", "agent: {mps: false}", operator},
+		{"no Prometheus Operator", "", nil},
+		{"custom image registry", "image: {registry: registry.corp.example:5000/gpu, tag: v9.9.9, pullSecrets: [{name: corp}]}", operator},
+		{"the only scheduler", "scheduler: {mode: only, replicas: 1, leaseNamespace: tessera-system}", operator},
+		{"plain manifests", "createNamespace: true", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var values map[string]any
 			if err := yaml.Unmarshal([]byte(tc.values), &values); err != nil {
 				t.Fatal(err)
 			}
-			// Without the Prometheus Operator, as this API server is.
-			r, err := chart.Render(values, chart.Options{})
+			r, err := chart.Render(values, chart.Options{APIVersions: tc.apis})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -60,27 +116,37 @@ func TestChartDryRun(t *testing.T) {
 				t.Fatal(err)
 			}
 			var objs []*unstructured.Unstructured
-			dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(all), 4096)
-			for {
-				var m map[string]any
-				if err := dec.Decode(&m); errors.Is(err, io.EOF) {
-					break
-				} else if err != nil {
-					t.Fatal(err)
-				}
-				if len(m) == 0 {
-					continue
-				}
-				u := &unstructured.Unstructured{Object: m}
+			operatorKinds := 0
+			for _, u := range decodeAll(t, all) {
 				if u.GetKind() == "Namespace" && u.GetName() == "tessera-system" {
-					continue // exists: its dry run would conflict with nothing
+					continue // made above, as --create-namespace would
+				}
+				if u.GroupVersionKind().Group == "monitoring.coreos.com" {
+					operatorKinds++
 				}
 				objs = append(objs, u)
+			}
+			if (operatorKinds > 0) != (tc.apis != nil) {
+				t.Errorf("%d Prometheus Operator objects rendered for APIs %v", operatorKinds, tc.apis)
 			}
 			if err := playground.DryRunApply(c.ctx, cfg, objs); err != nil {
 				t.Fatalf("dry-run apply: %v", err)
 			}
-			t.Logf("%d objects admitted", len(objs))
+			t.Logf("%d objects admitted (%d of the Prometheus Operator)", len(objs), operatorKinds)
+			// The Operator's schema does hold: a mistyped field is refused.
+			for _, u := range objs {
+				if u.GetKind() != "ServiceMonitor" {
+					continue
+				}
+				bad := u.DeepCopy()
+				eps, _, _ := unstructured.NestedSlice(bad.Object, "spec", "endpoints")
+				eps[0].(map[string]any)["honorLabels"] = "yes"
+				_ = unstructured.SetNestedSlice(bad.Object, eps, "spec", "endpoints")
+				if err := playground.DryRunApply(c.ctx, cfg, []*unstructured.Unstructured{bad}); err == nil || !strings.Contains(err.Error(), "honorLabels") {
+					t.Errorf("a ServiceMonitor with honorLabels: \"yes\" was not refused by its CRD's schema: %v", err)
+				}
+				break
+			}
 
 			// The scheduler configuration, as kube-scheduler loads it.
 			for _, u := range objs {
@@ -101,5 +167,23 @@ func TestChartDryRun(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// decodeAll reads a multi-document YAML stream.
+func decodeAll(t *testing.T, text string) []*unstructured.Unstructured {
+	t.Helper()
+	var out []*unstructured.Unstructured
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(text), 4096)
+	for {
+		var m map[string]any
+		if err := dec.Decode(&m); errors.Is(err, io.EOF) {
+			return out
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if len(m) > 0 {
+			out = append(out, &unstructured.Unstructured{Object: m})
+		}
 	}
 }
