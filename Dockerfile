@@ -1,3 +1,4 @@
+# syntax=docker/dockerfile:1
 # The same two images `make images` assembles offline with go-containerregistry
 # (internal/images), for people who build with Docker:
 #   docker build --target scheduler -t tessera-scheduler .
