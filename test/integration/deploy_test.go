@@ -88,8 +88,10 @@ func TestShippedAgentManifest(t *testing.T) {
 		}
 		created++
 	}
-	if created != 5 {
-		t.Fatalf("created %d objects, want 5", created)
+	// Namespace, ServiceAccount, ClusterRole, ClusterRoleBinding, the
+	// metrics Service and the DaemonSet.
+	if created != 6 {
+		t.Fatalf("created %d objects, want 6", created)
 	}
 }
 
