@@ -14,7 +14,9 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
 )
 
-func TestGPUsReadsTheMockServer(t *testing.T) {
+// useMockH200 points tessera gpus at a DGX H200 mock for the test: busy
+// GPUs, one process on GPU 3.
+func useMockH200(t *testing.T) {
 	srv := dgxh200.New()
 	nvmltest.Install(srv, func(i int) *nvmltest.Reading {
 		r := &nvmltest.Reading{SMCount: 132, Util: 40, TempC: 55, PowerMW: 500000, NVLink: true}
@@ -23,8 +25,13 @@ func TestGPUsReadsTheMockServer(t *testing.T) {
 		}
 		return r
 	})
-	defer func(f func() gonvml.Interface) { newNVML = f }(newNVML)
+	old := newNVML
+	t.Cleanup(func() { newNVML = old })
 	newNVML = func() gonvml.Interface { return srv }
+}
+
+func TestGPUsReadsTheMockServer(t *testing.T) {
+	useMockH200(t)
 	code, out, errOut := runCLI(t, "gpus", "--samples", "2", "--interval", "1ms")
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
@@ -39,16 +46,7 @@ func TestGPUsReadsTheMockServer(t *testing.T) {
 // TestGPUsAsData: -o json carries the same readings, a reading the GPU does
 // not report as null rather than a NaN no JSON reader takes.
 func TestGPUsAsData(t *testing.T) {
-	srv := dgxh200.New()
-	nvmltest.Install(srv, func(i int) *nvmltest.Reading {
-		r := &nvmltest.Reading{SMCount: 132, Util: 40, TempC: 55, PowerMW: 500000, NVLink: true}
-		if i == 3 {
-			r.Procs = []gonvml.ProcessInfo{{Pid: 4242, UsedGpuMemory: 2 << 30}}
-		}
-		return r
-	})
-	defer func(f func() gonvml.Interface) { newNVML = f }(newNVML)
-	newNVML = func() gonvml.Interface { return srv }
+	useMockH200(t)
 	code, out, errOut := runCLI(t, "gpus", "--samples", "1", "--interval", "1ms", "-o", "json")
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
