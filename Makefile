@@ -6,7 +6,7 @@ OPENB ?= ../shared/traces/openb
 # deprecation warnings (about 300 lines on a cold build) say nothing about Tessera.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: demo demo-sim test test-short rules images manifests bench bench-allocate bench-sim bench-scheduler fuzz build vet fmt-check openb clean
+.PHONY: demo demo-sim test test-short rules images manifests apt-lists bench bench-allocate bench-sim bench-scheduler fuzz build vet fmt-check openb clean
 
 ## demo: a local playground cluster (4 simulated nodes × 8 H100s) with a sample workload; prints where each pod landed.
 demo:
@@ -18,8 +18,15 @@ demo-sim:
 	$(GO) run ./cmd/tessera sim --seeds 42-46
 
 ## test: every test of the repository (vet, formatting and the Prometheus rules first); the openb replays need ../shared.
-test: vet fmt-check rules
+test: vet fmt-check rules apt-lists
 	$(GO) test -count=1 -timeout 30m ./...
+
+# The image test fetches the agent's Debian packages with apt-get download,
+# which needs apt's package lists; a fresh machine (CI) has none. Tests do not
+# change the host, so make fetches them here, as root only.
+apt-lists:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1; then \
+		echo "fetching apt's package lists (for the agent image's Debian packages)"; apt-get update -qq; fi
 
 ## rules: check and unit-test the shipped Prometheus rules with promtool (built from Go modules, pinned in hack/tools).
 rules: bin/promtool

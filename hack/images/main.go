@@ -35,7 +35,7 @@ func run(ctx context.Context, out, work, registry string, names []string) error 
 	if err != nil {
 		return err
 	}
-	o := images.Options{Repo: repo, Work: work, Progress: func(format string, args ...any) {
+	o := images.Options{Repo: repo, Work: work, AptUpdate: true, Progress: func(format string, args ...any) {
 		fmt.Fprintf(os.Stderr, "images: "+format+"\n", args...)
 	}}
 	if o.Work, err = filepath.Abs(work); err != nil {

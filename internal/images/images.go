@@ -7,6 +7,7 @@ package images
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -28,6 +29,9 @@ import (
 // the versions used are in the image's dev.tessera.debian-packages label.
 var DebianPackages = []string{"libc6", "libgcc-s1", "gcc-12-base"}
 
+// ErrNoDebianPackages: this machine cannot fetch the agent's Debian packages.
+var ErrNoDebianPackages = errors.New("the agent's image takes its C library from Debian packages, and none could be fetched here")
+
 // NonRoot is the scheduler's user and group (distroless' "nonroot").
 const NonRoot = "65532:65532"
 
@@ -46,6 +50,9 @@ type Options struct {
 	// Prebuilt reuses the binaries and packages already in Work instead of
 	// building and downloading them: a test of the assembly alone.
 	Prebuilt bool
+	// AptUpdate lets Debs fetch apt's package lists when they are missing
+	// (as root): `make images` may, a test must not change the host.
+	AptUpdate bool
 }
 
 // Built is one image written.
@@ -126,7 +133,7 @@ func (o Options) Debs(ctx context.Context) (root string, pkgs []string, err erro
 	}
 	for _, tool := range []string{"apt-get", "dpkg-deb"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			return "", nil, fmt.Errorf("the agent's image takes its C library from Debian packages and needs %s (a Debian or Ubuntu machine): %w", tool, err)
+			return "", nil, fmt.Errorf("%w: it needs %s (a Debian or Ubuntu machine): %v", ErrNoDebianPackages, tool, err)
 		}
 	}
 	// A fresh directory each time: the versions are whatever apt's lists
@@ -150,8 +157,8 @@ func (o Options) Debs(ctx context.Context) (root string, pkgs []string, err erro
 	}
 	o.progress("downloading %s (apt-get download)", strings.Join(DebianPackages, ", "))
 	if out, err := download(); err != nil {
-		if os.Geteuid() != 0 {
-			return "", nil, fmt.Errorf("apt-get download %s: %v\n%s(apt's package lists may be missing: run `sudo apt-get update` once)", strings.Join(DebianPackages, " "), err, out)
+		if os.Geteuid() != 0 || !o.AptUpdate {
+			return "", nil, fmt.Errorf("%w: apt-get download %s: %v\n%s(apt's package lists may be missing: run `sudo apt-get update` once)", ErrNoDebianPackages, strings.Join(DebianPackages, " "), err, out)
 		}
 		// A fresh machine has no package lists yet; as root, fetch them once.
 		o.progress("no package lists: apt-get update")
