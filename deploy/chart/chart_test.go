@@ -13,8 +13,9 @@ import (
 	"helm.sh/helm/v4/pkg/chart/v2/lint"
 	"helm.sh/helm/v4/pkg/chart/v2/lint/support"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
+
+	"github.com/tessera-gpu/tessera/deploy"
 )
 
 // Operator is what a cluster with the Prometheus Operator serves.
@@ -27,20 +28,11 @@ func objects(t *testing.T, r Rendered) []*unstructured.Unstructured {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []*unstructured.Unstructured
-	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(all), 4096)
-	for {
-		var m map[string]any
-		if err := dec.Decode(&m); err != nil {
-			if err.Error() == "EOF" {
-				return out
-			}
-			t.Fatalf("rendered YAML: %v", err)
-		}
-		if len(m) > 0 {
-			out = append(out, &unstructured.Unstructured{Object: m})
-		}
+	objs, err := deploy.Objects(all)
+	if err != nil {
+		t.Fatalf("rendered YAML: %v", err)
 	}
+	return objs
 }
 
 func names(objs []*unstructured.Unstructured) []string {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -142,11 +143,13 @@ func runInChroot(t *testing.T, dir, user string, argv, env []string) string {
 	cmd.Dir = "/"
 	attr := &syscall.SysProcAttr{Chroot: dir}
 	if os.Geteuid() == 0 {
-		var uid, gid uint32
-		if u, g, ok := strings.Cut(user, ":"); ok {
-			uid, gid = atou(t, u), atou(t, g)
+		u, g, _ := strings.Cut(user, ":")
+		uid, uerr := strconv.ParseUint(u, 10, 32)
+		gid, gerr := strconv.ParseUint(g, 10, 32)
+		if uerr != nil || gerr != nil {
+			t.Fatalf("user %q is not numeric uid:gid", user)
 		}
-		attr.Credential = &syscall.Credential{Uid: uid, Gid: gid}
+		attr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 	} else {
 		attr.Cloneflags = syscall.CLONE_NEWUSER
 		attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Geteuid(), Size: 1}}
@@ -162,16 +165,4 @@ func runInChroot(t *testing.T, dir, user string, argv, env []string) string {
 		t.Fatalf("%v in a chroot of the image: %v\n%s", argv, err, stderr.String())
 	}
 	return strings.TrimSpace(stdout.String())
-}
-
-func atou(t *testing.T, s string) uint32 {
-	t.Helper()
-	var n uint32
-	for _, c := range s {
-		if c < '0' || c > '9' {
-			t.Fatalf("user %q is not numeric", s)
-		}
-		n = n*10 + uint32(c-'0')
-	}
-	return n
 }

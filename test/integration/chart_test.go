@@ -2,8 +2,6 @@ package integration
 
 import (
 	"context"
-	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,12 +14,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/cmd/kube-scheduler/app/options"
 	"k8s.io/kubernetes/pkg/scheduler/apis/config/validation"
 	"sigs.k8s.io/yaml"
 
+	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/deploy/chart"
 	"github.com/tessera-gpu/tessera/pkg/playground"
 )
@@ -36,6 +34,14 @@ import (
 // scheduler configuration of each variant is loaded and validated as
 // kube-scheduler would.
 func TestChartDryRun(t *testing.T) {
+	decodeAll := func(t *testing.T, text string) []*unstructured.Unstructured {
+		t.Helper()
+		objs, err := deploy.Objects(text)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return objs
+	}
 	c := startCluster(t)
 	cfg := c.restConfig()
 	var crds []*unstructured.Unstructured
@@ -167,23 +173,5 @@ func TestChartDryRun(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// decodeAll reads a multi-document YAML stream.
-func decodeAll(t *testing.T, text string) []*unstructured.Unstructured {
-	t.Helper()
-	var out []*unstructured.Unstructured
-	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(text), 4096)
-	for {
-		var m map[string]any
-		if err := dec.Decode(&m); errors.Is(err, io.EOF) {
-			return out
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		if len(m) > 0 {
-			out = append(out, &unstructured.Unstructured{Object: m})
-		}
 	}
 }
