@@ -130,7 +130,7 @@ func (w *Workload) index() {
 			w.cpuOnly += w.weights[m]
 			continue
 		}
-		part := Request{Sharing: sh.Sharing, Models: sh.Models, Containers: sh.Containers}
+		part := Request{Sharing: sh.Sharing, Models: sh.Models, Containers: sh.Containers, MemoryHard: sh.MemoryHard}
 		k := part.Key()
 		id, ok := ids[k]
 		if !ok {
@@ -145,7 +145,7 @@ func (w *Workload) index() {
 
 // shapeOf reduces a request to a single GPU container for the workload model.
 func shapeOf(r *Request) Request {
-	s := Request{CPUMilli: r.CPUMilli, MemoryMiB: r.MemoryMiB, Sharing: r.Sharing, Models: r.Models}
+	s := Request{CPUMilli: r.CPUMilli, MemoryMiB: r.MemoryMiB, Sharing: r.Sharing, Models: r.Models, MemoryHard: r.MemoryHard}
 	for _, c := range r.Containers {
 		if c.Count == 0 {
 			continue

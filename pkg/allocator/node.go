@@ -60,6 +60,9 @@ type GPU struct {
 	MemoryMiB int64
 	MPS       bool
 	Healthy   bool
+	// KernelMemory: the driver holds slices' memory per cgroup (NVML
+	// memory limits), so time-sliced slices here are memory-hard.
+	KernelMemory bool
 	// MaxTenants is the most slices the GPU takes (the agent's slice count);
 	// 0: no limit. Placement honours it; recorded assignments are never
 	// refused for it, so a lowered count never loses a running pod.
@@ -104,7 +107,8 @@ func NewNode(inv *gpu.NodeInventory) (*Node, error) {
 	pos := make(map[int]int, len(inv.GPUs))
 	for i, d := range inv.GPUs {
 		pos[d.Index] = i
-		n.GPUs[i] = GPU{Index: d.Index, UUID: d.UUID, Model: d.Model, MemoryMiB: d.MemoryMiB, MPS: d.MPSCapable, Healthy: d.Healthy, MaxTenants: d.Slices}
+		n.GPUs[i] = GPU{Index: d.Index, UUID: d.UUID, Model: d.Model, MemoryMiB: d.MemoryMiB, MPS: d.MPSCapable, Healthy: d.Healthy, MaxTenants: d.Slices,
+			KernelMemory: d.Offer().KernelMemoryLimits}
 	}
 	for i, d := range inv.GPUs {
 		for _, p := range d.NVLinkPeers {

@@ -165,7 +165,7 @@ func sliceFits(r *Request, c *Container, g *GPU, u usage, oversub float64) (mode
 		return 0, 0, 0, false
 	}
 	m, ok := sliceMode(r.Sharing, g, u)
-	if !ok || g.full(u) {
+	if !ok || g.full(u) || (r.MemoryHard && !g.memoryHard(m)) {
 		return 0, 0, 0, false
 	}
 	mem, cores := c.slice(g)
@@ -202,6 +202,12 @@ func sliceMode(sharing gpu.SharingMode, g *GPU, u usage) (mode, bool) {
 	}
 	return want, u.mode == modeNone || u.mode == want
 }
+
+// memoryHard says whether a slice in mode m on g has its memory held by the
+// kernel: only time-sliced slices on a GPU offering NVML cgroup limits. MPS
+// slices are not, even there: which cgroup the driver charges for an MPS
+// client's memory is not established (gpu.GuaranteeOf).
+func (g *GPU) memoryHard(m mode) bool { return m == modeTimeSlicing && g.KernelMemory }
 
 // wholeGPUs picks c.Count free GPUs: an NVLink-connected set when the node has
 // topology and one exists, otherwise the lowest positions.
@@ -272,7 +278,7 @@ func nvlinkClique(n *Node, free uint64, count int) uint64 {
 // diagnose explains why no GPU takes a slice of c. It is off the hot path.
 func (a *Allocator) diagnose(n *Node, r *Request, c *Container, after *[MaxGPUsPerNode]usage, taken uint64) Reason {
 	why := Reason{Code: NoFragment, GPU: -1}
-	healthy, allowed, mps, plain, conflict := false, false, false, false, -1
+	healthy, allowed, mps, plain, hard, conflict := false, false, false, false, false, -1
 	full, fullCap := -1, 0
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
@@ -286,6 +292,10 @@ func (a *Allocator) diagnose(n *Node, r *Request, c *Container, after *[MaxGPUsP
 		allowed = true
 		mps = mps || g.MPS
 		plain = plain || !g.MPS
+		hard = hard || (!g.MPS && g.KernelMemory && r.Sharing != gpu.ModeMPS)
+		if r.MemoryHard && (g.MPS || !g.KernelMemory) {
+			continue
+		}
 		mem, cores := c.slice(g)
 		why.Want, why.WantCores = mem, cores
 		u := after[i]
@@ -318,6 +328,8 @@ func (a *Allocator) diagnose(n *Node, r *Request, c *Container, after *[MaxGPUsP
 		return Reason{Code: NoMPS, GPU: -1}
 	case r.Sharing == gpu.ModeTimeSlicing && !plain:
 		return Reason{Code: NoTimeSlicing, GPU: -1}
+	case r.MemoryHard && !hard:
+		return Reason{Code: NoHardMemory, GPU: -1}
 	case why.GPU < 0 && full >= 0:
 		return Reason{Code: SlicesFull, GPU: full, Have: int64(fullCap)}
 	case why.GPU < 0 && conflict >= 0:

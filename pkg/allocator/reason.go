@@ -22,9 +22,10 @@ const (
 	NoMPS
 	SlicesFull
 	NoTimeSlicing
+	NoHardMemory
 )
 
-var codeNames = [...]string{"Fits", "InsufficientCPU", "InsufficientMemory", "NoAllowedModel", "NoHealthyGPU", "NotEnoughWholeGPUs", "NoFragment", "ModeConflict", "NoMPS", "SlicesFull", "NoTimeSlicing"}
+var codeNames = [...]string{"Fits", "InsufficientCPU", "InsufficientMemory", "NoAllowedModel", "NoHealthyGPU", "NotEnoughWholeGPUs", "NoFragment", "ModeConflict", "NoMPS", "SlicesFull", "NoTimeSlicing", "NoHardMemory"}
 
 func (c Code) String() string {
 	if int(c) < len(codeNames) {
@@ -76,6 +77,8 @@ func (r Reason) String() string {
 		return "no MPS-capable GPU, and the pod asks for tessera.dev/sharing=mps"
 	case NoTimeSlicing:
 		return "every GPU runs MPS, and the pod asks for tessera.dev/sharing=time-slicing (use mps or auto)"
+	case NoHardMemory:
+		return "no GPU here holds a slice's memory in the kernel (NVML cgroup limits on a time-sliced GPU), and the pod asks for tessera.dev/isolation=memory-hard (ask for whole GPUs, or place it on nodes whose driver offers the limits)"
 	case SlicesFull:
 		return fmt.Sprintf("GPUs with room hold as many slices as their agent offers (GPU %d: %d); the count follows the GPU's forecast load", r.GPU, r.Have)
 	case ModeConflict:

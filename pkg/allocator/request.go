@@ -36,6 +36,9 @@ type Request struct {
 	Models     []string
 	Containers []Container
 	Priority   int32
+	// MemoryHard: slices only on GPUs where the kernel holds their memory
+	// (time-sliced GPUs offering NVML cgroup limits); whole GPUs anywhere.
+	MemoryHard bool
 }
 
 // Compile validates a pod's request and resolves it for placement: percent
@@ -45,7 +48,7 @@ func Compile(r *gpu.Request, cfg *config.AllocatorConfig) (*Request, error) {
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
-	out := &Request{CPUMilli: r.CPUMilli, MemoryMiB: r.MemoryMiB, Sharing: r.Sharing, Models: r.AllowedModels, Priority: r.Priority}
+	out := &Request{CPUMilli: r.CPUMilli, MemoryMiB: r.MemoryMiB, Sharing: r.Sharing, Models: r.AllowedModels, Priority: r.Priority, MemoryHard: r.MemoryHard}
 	if out.Sharing == gpu.ModeNone {
 		out.Sharing = gpu.ModeAuto
 	}
@@ -136,6 +139,9 @@ func (r *Request) Key() string {
 	b.WriteString(string(r.Sharing))
 	b.WriteByte('/')
 	b.WriteString(strings.Join(r.Models, "|"))
+	if r.MemoryHard {
+		b.WriteString("/hard")
+	}
 	for _, c := range r.Containers {
 		fmt.Fprintf(&b, "/%d,%t,%d,%d,%d", c.Count, c.Whole, c.MemoryMiB, c.Cores, c.MinMemoryMiB)
 	}

@@ -73,6 +73,18 @@ type Device struct {
 	// Slices is the most containers the agent lets share this GPU, as the
 	// slice adjuster sets it from the forecast load; 0 sets no limit.
 	Slices int `json:"slices,omitempty"`
+	// Isolation is what the GPU's driver offers to hold slices; nil from an
+	// agent that does not say (one older than this field), read as nothing
+	// offered.
+	Isolation *IsolationOffer `json:"isolation,omitempty"`
+}
+
+// Offer is the device's isolation offer, the zero offer when it has none.
+func (d *Device) Offer() IsolationOffer {
+	if d.Isolation == nil {
+		return IsolationOffer{}
+	}
+	return *d.Isolation
 }
 
 // NodeInventory is what a node offers: its allocatable CPU and memory and its GPUs.
@@ -116,6 +128,9 @@ type Request struct {
 	Workload      WorkloadClass      `json:"workload,omitempty"`
 	AllowedModels []string           `json:"allowedModels,omitempty"`
 	Priority      int32              `json:"priority,omitempty"`
+	// MemoryHard: tessera.dev/isolation=memory-hard; slices only where the
+	// kernel holds their memory.
+	MemoryHard bool `json:"memoryHard,omitempty"`
 }
 
 // GPUCount is the number of GPUs the pod asks for over all its containers.

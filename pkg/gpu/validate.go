@@ -91,6 +91,9 @@ func (r *Request) ApplyAnnotations(annotations map[string]string) error {
 	if r.AllowedModels, err = ParseModelList(annotations[AnnotationGPUModel]); err != nil {
 		return err
 	}
+	if r.MemoryHard, err = ParseIsolation(annotations[AnnotationIsolation]); err != nil {
+		return err
+	}
 	return nil
 }
 
@@ -112,6 +115,9 @@ func (r *Request) Validate() error {
 	case WorkloadUnspecified, WorkloadTraining, WorkloadInference:
 	default:
 		return invalidf("%s=%s: unknown workload class", AnnotationWorkload, Quote(string(r.Workload)))
+	}
+	if r.MemoryHard && r.Sharing == ModeMPS {
+		return invalidf("%s=%s with %s=mps: MPS slices' memory is not held by the kernel; use time-slicing, auto or exclusive", AnnotationIsolation, IsolationMemoryHard, AnnotationSharing)
 	}
 	for i, c := range r.Containers {
 		name := c.Name

@@ -1,0 +1,158 @@
+package gpu
+
+import (
+	"fmt"
+	"strings"
+)
+
+// AnnotationIsolation is the pod annotation by which a pod asks for an
+// isolation floor: IsolationMemoryHard places its slices only where a
+// kernel mechanism holds their memory.
+const AnnotationIsolation = "tessera.dev/isolation"
+
+// IsolationMemoryHard asks that the pod's GPU memory be enforced by the
+// kernel (or that the pod get whole GPUs): a tenant that ignores every
+// variable it is given still cannot allocate past its grant.
+const IsolationMemoryHard = "memory-hard"
+
+// ParseIsolation parses the tessera.dev/isolation annotation: empty (no
+// floor) or memory-hard.
+func ParseIsolation(s string) (memoryHard bool, err error) {
+	switch strings.TrimSpace(s) {
+	case "":
+		return false, nil
+	case IsolationMemoryHard:
+		return true, nil
+	}
+	return false, invalidf("%s=%s: want %s (or no annotation)", AnnotationIsolation, Quote(s), IsolationMemoryHard)
+}
+
+// Mechanism is what holds one dimension (memory or compute) of a slice to
+// its grant. The strongest comes first.
+type Mechanism string
+
+// Mechanisms, strongest first.
+const (
+	// MechanismDevice: the tenant has the whole GPU; there is nobody to be
+	// isolated from.
+	MechanismDevice Mechanism = "device"
+	// MechanismKernel: NVML's per-cgroup memory limit on the tenant's pod
+	// cgroup. The driver refuses allocations past it, whatever the tenant
+	// does inside its container.
+	MechanismKernel Mechanism = "kernel"
+	// MechanismMPSServer: the MPS control daemon's limit for the GPU's
+	// server, which every client gets unless it asks for less. It equals
+	// this tenant's grant, so it holds against a tenant that clears its own
+	// variables.
+	MechanismMPSServer Mechanism = "mps-server"
+	// MechanismMPSClient: the tenant's own CUDA_MPS_* variables. They hold
+	// for cooperating clients only: a tenant that clears them gets the
+	// server's limit, the largest grant among the GPU's tenants.
+	MechanismMPSClient Mechanism = "mps-client"
+	// MechanismNone: accounted by the scheduler, not enforced on the node.
+	MechanismNone Mechanism = "none"
+)
+
+// Enforced says whether the mechanism holds against a tenant that does not
+// cooperate.
+func (m Mechanism) Enforced() bool {
+	return m == MechanismDevice || m == MechanismKernel || m == MechanismMPSServer
+}
+
+// IsolationOffer is what a GPU's driver offers to hold slices, as the agent
+// found it (nvml.Client.Offer). It travels in the inventory, so the
+// scheduler places memory-hard pods by it and `tessera top` shows it.
+type IsolationOffer struct {
+	// KernelMemoryLimits: NVML's per-cgroup memory limits
+	// (nvmlDeviceSetMemoryLimits_v1) work on this GPU and node.
+	KernelMemoryLimits bool `json:"kernelMemoryLimits,omitempty"`
+	// MPSLimits: the GPU runs an MPS daemon, whose server limits (active
+	// thread percentage, pinned device memory) the agent sets.
+	MPSLimits bool `json:"mpsLimits,omitempty"`
+	// TimeSliceClasses: the driver's time-slice length can be set
+	// (nvidia-smi compute-policy).
+	TimeSliceClasses bool `json:"timeSliceClasses,omitempty"`
+	// Why says, for each mechanism not offered, what the agent found, for
+	// operators (for example "NVML: Not Supported").
+	Why string `json:"why,omitempty"`
+}
+
+// Guarantee is what holds each dimension of one slice.
+type Guarantee struct {
+	Memory  Mechanism `json:"memory"`
+	Compute Mechanism `json:"compute"`
+}
+
+func (g Guarantee) String() string { return fmt.Sprintf("memory=%s,compute=%s", g.Memory, g.Compute) }
+
+// MPSServerLimits are the limits an MPS control daemon gives its server:
+// every client of the GPU gets them unless its own variables ask for less.
+type MPSServerLimits struct {
+	// ThreadPercent is the active thread percentage, 1–100.
+	ThreadPercent int
+	// MemoryMiB is the pinned device memory limit; 0 sets none.
+	MemoryMiB int64
+}
+
+// MPSServerLimitsFor is the tightest server limit still correct for a GPU's
+// MPS tenants: the largest grant of each dimension, since the server's limit
+// is each client's ceiling and no tenant may be held below its grant. With no
+// tenant it is the whole GPU's threads and no memory limit (nothing to hold).
+func MPSServerLimitsFor(grants []GPUGrant) MPSServerLimits {
+	var l MPSServerLimits
+	for _, g := range grants {
+		l.ThreadPercent = max(l.ThreadPercent, g.CoresPercent())
+		l.MemoryMiB = max(l.MemoryMiB, g.MemoryMiB)
+	}
+	if l.ThreadPercent == 0 {
+		l.ThreadPercent = 100
+	}
+	return l
+}
+
+// GuaranteeOf is what holds a slice given the GPU's offer: mode is the
+// slice's sharing mode, grant what it got on the GPU, and server the MPS
+// server limits in force on the GPU (used for MPS slices only).
+//
+// Memory on MPS slices is not claimed as kernel-enforced even where the
+// kernel limit is offered and set: MPS clients' memory may be charged to
+// the server's cgroup rather than the client's, and until a GPU check has
+// measured which, Tessera claims only what MPS itself holds.
+func GuaranteeOf(mode SharingMode, grant GPUGrant, offer IsolationOffer, server MPSServerLimits) Guarantee {
+	switch mode {
+	case ModeExclusive:
+		return Guarantee{Memory: MechanismDevice, Compute: MechanismDevice}
+	case ModeMPS:
+		g := Guarantee{Memory: MechanismMPSClient, Compute: MechanismMPSClient}
+		if !offer.MPSLimits {
+			return Guarantee{Memory: MechanismNone, Compute: MechanismNone}
+		}
+		if server.MemoryMiB > 0 && server.MemoryMiB <= grant.MemoryMiB {
+			g.Memory = MechanismMPSServer
+		}
+		if server.ThreadPercent <= grant.CoresPercent() {
+			g.Compute = MechanismMPSServer
+		}
+		return g
+	case ModeTimeSlicing:
+		g := Guarantee{Memory: MechanismNone, Compute: MechanismNone}
+		if offer.KernelMemoryLimits {
+			g.Memory = MechanismKernel
+		}
+		return g
+	}
+	return Guarantee{Memory: MechanismNone, Compute: MechanismNone}
+}
+
+// MeetsMemoryHard says whether a slice of this mode on a GPU with this
+// offer has its memory held by the kernel or the whole device: what
+// tessera.dev/isolation=memory-hard asks for.
+func MeetsMemoryHard(mode SharingMode, offer IsolationOffer) bool {
+	switch mode {
+	case ModeExclusive:
+		return true
+	case ModeTimeSlicing:
+		return offer.KernelMemoryLimits
+	}
+	return false
+}

@@ -1,0 +1,65 @@
+package gpu
+
+import "testing"
+
+func TestGuaranteeOf(t *testing.T) {
+	none := IsolationOffer{}
+	kernel := IsolationOffer{KernelMemoryLimits: true}
+	mps := IsolationOffer{MPSLimits: true, KernelMemoryLimits: true}
+	small := GPUGrant{MemoryMiB: 8192, CoresPerMille: 200}
+	big := GPUGrant{MemoryMiB: 32768, CoresPerMille: 600}
+	tests := []struct {
+		name   string
+		mode   SharingMode
+		grant  GPUGrant
+		offer  IsolationOffer
+		server MPSServerLimits
+		want   Guarantee
+	}{
+		{"whole GPU", ModeExclusive, GPUGrant{MemoryMiB: 81920, CoresPerMille: 1000}, none, MPSServerLimits{}, Guarantee{MechanismDevice, MechanismDevice}},
+		{"time-sliced, no kernel limits: accounted only", ModeTimeSlicing, small, none, MPSServerLimits{}, Guarantee{MechanismNone, MechanismNone}},
+		{"time-sliced with kernel limits", ModeTimeSlicing, small, kernel, MPSServerLimits{}, Guarantee{MechanismKernel, MechanismNone}},
+		{"MPS, the server's limit is this tenant's grant", ModeMPS, big, mps, MPSServerLimitsFor([]GPUGrant{small, big}), Guarantee{MechanismMPSServer, MechanismMPSServer}},
+		{"MPS, a bigger tenant raised the server's limit", ModeMPS, small, mps, MPSServerLimitsFor([]GPUGrant{small, big}), Guarantee{MechanismMPSClient, MechanismMPSClient}},
+		{"MPS, equal tenants", ModeMPS, small, mps, MPSServerLimitsFor([]GPUGrant{small, small}), Guarantee{MechanismMPSServer, MechanismMPSServer}},
+		{"MPS without a daemon the agent limits", ModeMPS, small, kernel, MPSServerLimits{ThreadPercent: 20, MemoryMiB: 8192}, Guarantee{MechanismNone, MechanismNone}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := GuaranteeOf(tt.mode, tt.grant, tt.offer, tt.server); got != tt.want {
+				t.Errorf("GuaranteeOf = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestMPSServerLimitsFor(t *testing.T) {
+	if got, want := MPSServerLimitsFor(nil), (MPSServerLimits{ThreadPercent: 100}); got != want {
+		t.Errorf("no tenant: %+v, want %+v", got, want)
+	}
+	// Cores round up to whole percent: 333‰ is 34 %, never below the grant.
+	got := MPSServerLimitsFor([]GPUGrant{{MemoryMiB: 4096, CoresPerMille: 333}, {MemoryMiB: 2048, CoresPerMille: 100}})
+	if want := (MPSServerLimits{ThreadPercent: 34, MemoryMiB: 4096}); got != want {
+		t.Errorf("MPSServerLimitsFor = %+v, want %+v", got, want)
+	}
+}
+
+func TestMechanismEnforced(t *testing.T) {
+	for m, want := range map[Mechanism]bool{MechanismDevice: true, MechanismKernel: true, MechanismMPSServer: true, MechanismMPSClient: false, MechanismNone: false} {
+		if m.Enforced() != want {
+			t.Errorf("%s.Enforced() = %v, want %v", m, !want, want)
+		}
+	}
+}
+
+func TestParseIsolation(t *testing.T) {
+	for in, want := range map[string]bool{"": false, "memory-hard": true, " memory-hard ": true} {
+		got, err := ParseIsolation(in)
+		if err != nil || got != want {
+			t.Errorf("ParseIsolation(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	if _, err := ParseIsolation("hard"); err == nil {
+		t.Error("ParseIsolation(hard) accepted")
+	}
+}
