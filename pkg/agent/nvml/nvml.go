@@ -342,3 +342,130 @@ func (c *Client) Processes(uuid string) ([]uint32, error) {
 	}
 	return out, nil
 }
+
+// DriverVersion is the NVIDIA driver's version ("580.65.06") and the CUDA
+// driver API version it implements (12090 for 12.9).
+func (c *Client) DriverVersion() (driver string, cuda int, err error) {
+	driver, ret := c.lib.SystemGetDriverVersion()
+	if ret != gonvml.SUCCESS {
+		return "", 0, fmt.Errorf("NVML driver version: %s", errorString(c.lib, ret))
+	}
+	cuda, ret = c.lib.SystemGetCudaDriverVersion()
+	if ret != gonvml.SUCCESS {
+		return driver, 0, fmt.Errorf("NVML CUDA driver version: %s", errorString(c.lib, ret))
+	}
+	return driver, cuda, nil
+}
+
+// MemoryLimits are NVML's per-cgroup limits of one GPU's memory, in bytes.
+type MemoryLimits struct {
+	// Soft: the cgroup is first to lose memory past it under pressure;
+	// 0 for none.
+	Soft uint64
+	// Hard: allocations past it fail; NoHardLimit for none.
+	Hard uint64
+	// Used is what the cgroup holds on the GPU now (read only).
+	Used uint64
+}
+
+// NoHardLimit is NVML's "no hard limit" (NVML_DEVICE_MEMORY_LIMIT_MAX).
+const NoHardLimit = gonvml.DEVICE_MEMORY_LIMIT_MAX
+
+// Set says whether any limit is in force.
+func (l MemoryLimits) Set() bool { return l.Soft != 0 || l.Hard != NoHardLimit }
+
+// ErrNotSupported says the driver or GPU does not offer the call: an answer
+// about the node, not a failure of the agent.
+var ErrNotSupported = errors.New("not supported by this driver or GPU")
+
+// ErrCgroupUnusable says NVML could not open the cgroup (it is gone, or not
+// a cgroup v2 directory).
+var ErrCgroupUnusable = errors.New("NVML cannot open the cgroup")
+
+func limitError(lib gonvml.Interface, what string, ret gonvml.Return) error {
+	switch ret {
+	case gonvml.ERROR_NOT_SUPPORTED, gonvml.ERROR_FUNCTION_NOT_FOUND:
+		return fmt.Errorf("%s: %w (%s)", what, ErrNotSupported, errorString(lib, ret))
+	case gonvml.ERROR_OPERATING_SYSTEM:
+		return fmt.Errorf("%s: %w (%s)", what, ErrCgroupUnusable, errorString(lib, ret))
+	}
+	return fmt.Errorf("%s: %s", what, errorString(lib, ret))
+}
+
+// SetMemoryLimits sets a cgroup's limits of a GPU's memory (the cgroup's
+// directory under /sys/fs/cgroup). The driver applies them to every process
+// of the cgroup and its descendants; removing the cgroup removes them.
+func (c *Client) SetMemoryLimits(uuid, cgroup string, soft, hard uint64) error {
+	d, ret := c.lib.DeviceGetHandleByUUID(uuid)
+	if ret != gonvml.SUCCESS {
+		return fmt.Errorf("GPU %s: handle: %s", uuid, errorString(c.lib, ret))
+	}
+	if ret := d.SetMemoryLimits_v1(cgroup, soft, hard); ret != gonvml.SUCCESS {
+		return limitError(c.lib, fmt.Sprintf("GPU %s: set memory limits of cgroup %s", uuid, cgroup), ret)
+	}
+	return nil
+}
+
+// ClearMemoryLimits removes a cgroup's limits of a GPU's memory.
+func (c *Client) ClearMemoryLimits(uuid, cgroup string) error {
+	return c.SetMemoryLimits(uuid, cgroup, 0, NoHardLimit)
+}
+
+// GetMemoryLimits reads a cgroup's limits of a GPU's memory; found is false
+// when none were ever set on it.
+func (c *Client) GetMemoryLimits(uuid, cgroup string) (l MemoryLimits, found bool, err error) {
+	d, ret := c.lib.DeviceGetHandleByUUID(uuid)
+	if ret != gonvml.SUCCESS {
+		return l, false, fmt.Errorf("GPU %s: handle: %s", uuid, errorString(c.lib, ret))
+	}
+	got, ret := d.GetMemoryLimits_v1(cgroup)
+	switch ret {
+	case gonvml.SUCCESS:
+		return MemoryLimits{Soft: got.SoftLimit, Hard: got.HardLimit, Used: got.CurrentUsed}, true, nil
+	case gonvml.ERROR_NOT_FOUND:
+		return MemoryLimits{Hard: NoHardLimit}, false, nil
+	}
+	return l, false, limitError(c.lib, fmt.Sprintf("GPU %s: memory limits of cgroup %s", uuid, cgroup), ret)
+}
+
+// ProbeMemoryLimits tries NVML's per-cgroup memory limits on a GPU with a
+// scratch cgroup (which the caller creates and removes): it sets a limit,
+// reads it back and clears it. offered is the answer; why says, when it is
+// false, what the driver said. err is for a probe that could not run (the
+// scratch cgroup unusable), which answers nothing.
+func (c *Client) ProbeMemoryLimits(uuid, scratch string) (offered bool, why string, err error) {
+	const probe = 1 << 30
+	err = c.SetMemoryLimits(uuid, scratch, probe/2, probe)
+	switch {
+	case errors.Is(err, ErrNotSupported):
+		return false, err.Error(), nil
+	case err != nil:
+		return false, "", err
+	}
+	defer func() {
+		if cerr := c.ClearMemoryLimits(uuid, scratch); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	l, found, err := c.GetMemoryLimits(uuid, scratch)
+	if err != nil {
+		return false, "", err
+	}
+	if !found || l.Hard != probe || l.Soft != probe/2 {
+		return false, fmt.Sprintf("GPU %s: limits set on a scratch cgroup read back as soft %d, hard %d (found %v)", uuid, l.Soft, l.Hard, found), nil
+	}
+	return true, "", nil
+}
+
+// MinorNumber is the GPU's device-node minor number: /dev/nvidia<minor>.
+func (c *Client) MinorNumber(uuid string) (int, error) {
+	d, ret := c.lib.DeviceGetHandleByUUID(uuid)
+	if ret != gonvml.SUCCESS {
+		return 0, fmt.Errorf("GPU %s: handle: %s", uuid, errorString(c.lib, ret))
+	}
+	m, ret := d.GetMinorNumber()
+	if ret != gonvml.SUCCESS {
+		return 0, fmt.Errorf("GPU %s: minor number: %s", uuid, errorString(c.lib, ret))
+	}
+	return m, nil
+}

@@ -1,6 +1,7 @@
 // Package nvmltest fills in what go-nvml's whole-server mocks leave out —
-// usage, topology and event support — so tests of the agent can set each
-// GPU's readings, faults and processes.
+// usage, topology, event support and per-cgroup memory limits — so tests of
+// the agent can set each GPU's readings, faults and processes, and see the
+// limits the agent sets take effect on simulated allocations.
 package nvmltest
 
 import (
@@ -25,6 +26,11 @@ type Reading struct {
 	Events      uint64 // supported event types
 	// ComputeMode is what GetComputeMode answers and SetComputeMode sets.
 	ComputeMode gonvml.ComputeMode
+	// KernelLimits makes the GPU offer NVML's per-cgroup memory limits,
+	// recorded in Limits (which Install creates when nil); without it the
+	// calls answer NOT_SUPPORTED, as a driver without the feature does.
+	KernelLimits bool
+	Limits       *CgroupLimits
 }
 
 // Install sets the readings on a go-nvml whole-server mock (dgxa100,
@@ -76,6 +82,21 @@ func Install(srv *server.Server, r func(i int) *Reading) {
 				return gonvml.P2P_STATUS_NOT_SUPPORTED, gonvml.SUCCESS
 			}
 			return gonvml.P2P_STATUS_OK, gonvml.SUCCESS
+		}
+		if rd.Limits == nil {
+			rd.Limits = NewCgroupLimits(total)
+		}
+		d.SetMemoryLimits_v1Func = func(cgroup string, soft, hard uint64) gonvml.Return {
+			if !rd.KernelLimits {
+				return gonvml.ERROR_NOT_SUPPORTED
+			}
+			return rd.Limits.set(cgroup, soft, hard)
+		}
+		d.GetMemoryLimits_v1Func = func(cgroup string) (gonvml.MemoryLimits_v1, gonvml.Return) {
+			if !rd.KernelLimits {
+				return gonvml.MemoryLimits_v1{}, gonvml.ERROR_NOT_SUPPORTED
+			}
+			return rd.Limits.get(cgroup)
 		}
 		d.GetSupportedEventTypesFunc = func() (uint64, gonvml.Return) { return rd.Events, gonvml.SUCCESS }
 		d.RegisterEventsFunc = func(uint64, gonvml.EventSet) gonvml.Return { return gonvml.SUCCESS }
