@@ -31,6 +31,16 @@ var ErrNotAPod = errors.New("process is not in a kubepods cgroup")
 //	systemd:  kubepods-besteffort-pod0c6e1a9a_3a9e_4f0e_9a55_6f7b2f2bb1de.slice
 var podSegment = regexp.MustCompile(`pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})(\.slice)?$`)
 
+// PodUIDOfSegment says whether one cgroup directory name is a pod's (either
+// cgroup driver's form), and which pod's UID, with dashes.
+func PodUIDOfSegment(name string) (string, bool) {
+	m := podSegment.FindStringSubmatch(name)
+	if m == nil {
+		return "", false
+	}
+	return strings.ReplaceAll(m[1], "_", "-"), true
+}
+
 // containerSegment matches the container component: a bare ID (cgroupfs) or
 // a runtime scope (systemd): cri-containerd-<id>.scope, crio-<id>.scope,
 // docker-<id>.scope.
