@@ -192,8 +192,8 @@ func TestReconcile(t *testing.T) {
 		}
 	}
 	plan := map[Key]Want{
-		{uid1, a}: {Soft: 4096 * mib, Hard: 4096 * mib},
-		{uid2, b}: {Soft: 2048 * mib, Hard: 2048 * mib},
+		{uid1, a}:       {Soft: 4096 * mib, Hard: 4096 * mib},
+		{uid2, b}:       {Soft: 2048 * mib, Hard: 2048 * mib},
 		{"gone-pod", a}: {Soft: mib, Hard: mib},
 	}
 	l := &Limiter{NVML: n.client, Root: n.root}
