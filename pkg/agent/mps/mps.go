@@ -26,6 +26,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/pkg/gpu"
 )
 
 // DefaultBinary is the MPS control program of NVIDIA's driver.
@@ -65,6 +67,9 @@ type Manager struct {
 
 	mu       sync.Mutex
 	restarts map[string]int
+	// limits are each GPU's server limits as last set (SetServerLimits),
+	// given again to a daemon that is restarted.
+	limits map[string]gpu.MPSServerLimits
 	// checkMu keeps a periodic check and one prompted by the pipe watch
 	// from restarting a daemon twice.
 	checkMu sync.Mutex
@@ -75,7 +80,7 @@ func New(cfg Config) *Manager {
 	if cfg.Binary == "" {
 		cfg.Binary = DefaultBinary
 	}
-	return &Manager{cfg: cfg, restarts: map[string]int{}}
+	return &Manager{cfg: cfg, restarts: map[string]int{}, limits: map[string]gpu.MPSServerLimits{}}
 }
 
 // PipeDir is the pipe directory of a GPU's daemon, which the device plugin
@@ -132,6 +137,61 @@ func (m *Manager) start(ctx context.Context, g GPU) error {
 	for _, c := range cmds {
 		if out, err := m.control(ctx, g.UUID, c); err != nil {
 			return fmt.Errorf("%s: %w: %s", c, err, out)
+		}
+	}
+	m.mu.Lock()
+	l, ok := m.limits[g.UUID]
+	m.mu.Unlock()
+	if ok {
+		return m.applyServerLimits(ctx, g.UUID, l)
+	}
+	return nil
+}
+
+// SetServerLimits sets what a GPU's MPS server holds every client to: the
+// daemon's defaults (for a server started later) and each running server's
+// own limits. A client's CUDA_MPS_* variables can only lower them, so these
+// are what a tenant that clears its variables gets; the agent sets the
+// tightest values still correct for the GPU's tenants
+// (gpu.MPSServerLimitsFor). A daemon restarted later gets them again.
+//
+// A running server's new limits apply to clients that connect afterwards;
+// a client keeps the limits it connected with.
+func (m *Manager) SetServerLimits(ctx context.Context, uuid string, l gpu.MPSServerLimits) error {
+	m.mu.Lock()
+	m.limits[uuid] = l
+	m.mu.Unlock()
+	return m.applyServerLimits(ctx, uuid, l)
+}
+
+// ServerLimits are a GPU's server limits as last set; ok is false before
+// the first.
+func (m *Manager) ServerLimits(uuid string) (gpu.MPSServerLimits, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	l, ok := m.limits[uuid]
+	return l, ok
+}
+
+func (m *Manager) applyServerLimits(ctx context.Context, uuid string, l gpu.MPSServerLimits) error {
+	cmds := []string{fmt.Sprintf("set_default_active_thread_percentage %d", l.ThreadPercent)}
+	if l.MemoryMiB > 0 {
+		// Device 0: the daemon sees only its own GPU.
+		cmds = append(cmds, fmt.Sprintf("set_default_device_pinned_mem_limit 0 %dM", l.MemoryMiB))
+	}
+	servers, err := m.control(ctx, uuid, "get_server_list")
+	if err != nil {
+		return fmt.Errorf("GPU %s: get_server_list: %w: %s", uuid, err, servers)
+	}
+	for _, pid := range strings.Fields(servers) {
+		cmds = append(cmds, fmt.Sprintf("set_active_thread_percentage %s %d", pid, l.ThreadPercent))
+		if l.MemoryMiB > 0 {
+			cmds = append(cmds, fmt.Sprintf("set_device_pinned_mem_limit %s 0 %dM", pid, l.MemoryMiB))
+		}
+	}
+	for _, c := range cmds {
+		if out, err := m.control(ctx, uuid, c); err != nil {
+			return fmt.Errorf("GPU %s: %s: %w: %s", uuid, c, err, out)
 		}
 	}
 	return nil

@@ -11,7 +11,10 @@
 // environment. The daemon records every command it is told, one per line, in
 // $CUDA_MPS_LOG_DIRECTORY/control.log, and answers get_server_list (its
 // own PID standing in for the one server), terminate_client,
-// get_default_active_thread_percentage, the set_default_* commands and quit.
+// get_default_active_thread_percentage, the set_default_* commands, the
+// per-server set_active_thread_percentage / set_device_pinned_mem_limit and
+// their get_ twins, and quit. It keeps the limits as MPS documents them: a
+// server's limits start from the defaults and are each client's ceiling.
 // It also exits when its pipe directory is removed, so a simulated daemon
 // never outlives the playground that started it.
 package mpssim
@@ -107,7 +110,9 @@ func serve(sock, logDir string) error {
 			}
 		}
 	}()
-	threads := "100"
+	threads, memLimit := "100", ""
+	serverThreads, serverMem := "", ""
+	pid := fmt.Sprint(os.Getpid())
 	for {
 		c, err := l.Accept()
 		if err != nil {
@@ -121,13 +126,33 @@ func serve(sock, logDir string) error {
 		switch {
 		case len(f) == 0:
 		case f[0] == "get_server_list":
-			reply = fmt.Sprint(os.Getpid())
+			reply = pid
 		case f[0] == "terminate_client" && len(f) == 3:
 		case f[0] == "get_default_active_thread_percentage":
 			reply = threads
 		case f[0] == "set_default_active_thread_percentage" && len(f) == 2:
 			threads = f[1]
 		case f[0] == "set_default_device_pinned_mem_limit" && len(f) == 3:
+			memLimit = f[2]
+		case f[0] == "get_default_device_pinned_mem_limit" && len(f) == 2:
+			reply = memLimit
+		case f[0] == "set_active_thread_percentage" && len(f) == 3 && f[1] == pid:
+			serverThreads = f[2]
+		case f[0] == "get_active_thread_percentage" && len(f) == 2 && f[1] == pid:
+			reply = serverThreads
+			if reply == "" {
+				reply = threads
+			}
+		case f[0] == "set_device_pinned_mem_limit" && len(f) == 4 && f[1] == pid:
+			serverMem = f[3]
+		case f[0] == "get_device_pinned_mem_limit" && len(f) == 3 && f[1] == pid:
+			reply = serverMem
+			if reply == "" {
+				reply = memLimit
+			}
+		case (f[0] == "set_active_thread_percentage" || f[0] == "set_device_pinned_mem_limit" ||
+			f[0] == "get_active_thread_percentage" || f[0] == "get_device_pinned_mem_limit") && len(f) > 1 && f[1] != pid:
+			reply = "Invalid server PID " + f[1]
 		case f[0] == "quit":
 			fmt.Fprintln(c, "")
 			c.Close()
