@@ -34,9 +34,9 @@ func TestServerLimitsHoldEveryClient(t *testing.T) {
 		t.Helper()
 		pid := daemonPID(t, m, "GPU-a")
 		for cmd, want := range map[string]string{
-			"get_default_active_thread_percentage":              "70",
-			"get_default_device_pinned_mem_limit 0":             "20480M",
-			fmt.Sprintf("get_active_thread_percentage %d", pid): "70",
+			"get_default_active_thread_percentage":               "70",
+			"get_default_device_pinned_mem_limit 0":              "20480M",
+			fmt.Sprintf("get_active_thread_percentage %d", pid):  "70",
 			fmt.Sprintf("get_device_pinned_mem_limit %d 0", pid): "20480M",
 		} {
 			if out, err := m.Control(ctx, "GPU-a", cmd); err != nil || out != want {
