@@ -31,8 +31,10 @@ var setupErr = errors.New("privatemount.Main was not called from TestMain")
 // Main runs m with each of paths on a private, empty tmpfs and exits. Call it
 // from TestMain in place of m.Run.
 func Main(m *testing.M, paths ...string) {
-	if want := os.Getenv(envChild); want != "" {
-		setupErr = cover(strings.Split(want, "\x00"))
+	// LookupEnv, not Getenv: with no paths the value is empty, and the re-run
+	// must still know it is the re-run rather than start another.
+	if want, child := os.LookupEnv(envChild); child {
+		setupErr = cover(strings.FieldsFunc(want, func(r rune) bool { return r == 0 }))
 		os.Exit(m.Run())
 	}
 	cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
