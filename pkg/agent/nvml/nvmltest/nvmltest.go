@@ -98,6 +98,10 @@ func Install(srv *server.Server, r func(i int) *Reading) {
 			}
 			return rd.Limits.get(cgroup)
 		}
+		// What NVIDIA's CDI generator (nvcdi, through go-nvlib) asks that
+		// the mocks leave unset: these GPUs are not MIG devices.
+		d.IsMigDeviceHandleFunc = func() (bool, gonvml.Return) { return false, gonvml.SUCCESS }
+		d.GetMaxMigDeviceCountFunc = func() (int, gonvml.Return) { return 0, gonvml.SUCCESS }
 		d.GetSupportedEventTypesFunc = func() (uint64, gonvml.Return) { return rd.Events, gonvml.SUCCESS }
 		d.RegisterEventsFunc = func(uint64, gonvml.EventSet) gonvml.Return { return gonvml.SUCCESS }
 	}
