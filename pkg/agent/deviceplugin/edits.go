@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+
+	"tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 )
@@ -25,9 +28,27 @@ const MPSPipeDirInContainer = "/tmp/nvidia-mps"
 type Edits struct {
 	Env    []string `json:"env"`
 	Mounts []Mount  `json:"mounts,omitempty"`
-	// Enforced says whether a driver mechanism enforces the slice's limits
-	// (MPS client limits); time-sliced slices are accounted, not enforced.
-	Enforced bool `json:"-"`
+	// Driver is the driver's part of the container (its GPUs' device
+	// nodes, the control nodes, libraries and hooks), from NVIDIA's CDI
+	// generator; nil where the agent runs without it.
+	Driver *specs.ContainerEdits `json:"-"`
+	// Guarantees says, per GPU of the container in assignment order, what
+	// holds its slice (set by the plugin's Isolate).
+	Guarantees []gpu.Guarantee `json:"-"`
+}
+
+// IsolationEnv is the variable that tells a tenant, from inside its
+// container, what holds each of its GPUs' slices:
+// "0:memory=kernel,compute=none;1:…" by ordinal.
+const IsolationEnv = "TESSERA_GPU_ISOLATION"
+
+// isolationValue is IsolationEnv's value for the guarantees.
+func isolationValue(gs []gpu.Guarantee) string {
+	parts := make([]string, len(gs))
+	for i, g := range gs {
+		parts[i] = fmt.Sprintf("%d:%s", i, g)
+	}
+	return strings.Join(parts, ";")
 }
 
 // Mount is a CDI bind mount.
@@ -54,7 +75,6 @@ func EditsFor(c gpu.ContainerAssignment, pipeDir PipeDir) (Edits, error) {
 	e := Edits{Env: []string{"NVIDIA_VISIBLE_DEVICES=" + strings.Join(uuids, ",")}}
 	switch c.Mode {
 	case gpu.ModeExclusive:
-		e.Enforced = true
 	case gpu.ModeMPS:
 		// One MPS daemon per GPU: a multi-GPU MPS container would need two
 		// pipe directories, which CUDA does not support.
@@ -67,10 +87,10 @@ func EditsFor(c gpu.ContainerAssignment, pipeDir PipeDir) (Edits, error) {
 			"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="+strconv.Itoa(g.CoresPercent()),
 			fmt.Sprintf("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=%dM", g.MemoryMiB))
 		e.Mounts = []Mount{{HostPath: pipeDir(g.UUID), ContainerPath: MPSPipeDirInContainer, Options: []string{"rbind", "rw"}}}
-		e.Enforced = true
 	case gpu.ModeTimeSlicing:
-		// Recorded for an in-container limiter; no driver mechanism enforces
-		// them on a time-sliced GPU.
+		// The grant, for the tenant and an in-container limiter; what holds
+		// it is the kernel's memory limit where the driver offers one
+		// (IsolationEnv says), and nothing for compute.
 		var mem, cores []string
 		for i, g := range c.GPUs {
 			mem = append(mem, fmt.Sprintf("%d=%d", i, g.MemoryMiB))
@@ -84,7 +104,7 @@ func EditsFor(c gpu.ContainerAssignment, pipeDir PipeDir) (Edits, error) {
 	return e, nil
 }
 
-// cdiSpec is the subset of the CDI specification the slots use.
+// cdiSpec is the subset of the CDI specification collectSpecs reads back.
 type cdiSpec struct {
 	Version string      `json:"cdiVersion"`
 	Kind    string      `json:"kind"`
@@ -92,9 +112,31 @@ type cdiSpec struct {
 }
 
 type cdiDevice struct {
-	Name           string `json:"name"`
-	ContainerEdits Edits  `json:"containerEdits"`
+	Name string `json:"name"`
 }
+
+// containerEdits is e as CDI container edits; with the driver's edits when
+// withDriver.
+func (e Edits) containerEdits(withDriver bool) specs.ContainerEdits {
+	out := specs.ContainerEdits{Env: slices.Clone(e.Env)}
+	for _, m := range e.Mounts {
+		out.Mounts = append(out.Mounts, &specs.Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, Options: m.Options})
+	}
+	if withDriver && e.Driver != nil {
+		d := e.Driver
+		out.Env = append(out.Env, d.Env...)
+		out.DeviceNodes = append(out.DeviceNodes, d.DeviceNodes...)
+		out.Mounts = append(out.Mounts, d.Mounts...)
+		out.Hooks = append(out.Hooks, d.Hooks...)
+		out.AdditionalGIDs = append(out.AdditionalGIDs, d.AdditionalGIDs...)
+		out.IntelRdt, out.NetDevices = d.IntelRdt, d.NetDevices
+	}
+	return out
+}
+
+// oldestCDIVersion is the version written when nothing in a spec needs a
+// newer one: what every release of this agent has written.
+const oldestCDIVersion = "0.6.0"
 
 // WriteSpec writes the CDI specs of the slots a container holds, each
 // carrying the container's edits, in dir: one file per slot, replaced
@@ -102,12 +144,21 @@ type cdiDevice struct {
 // at every moment, whichever container held it before: the runtime refuses
 // a device defined twice, as a spec per container left behind by a deleted
 // pod did until it was collected.
+//
+// The driver's edits go into the first slot's spec only: the runtime
+// applies every slot of the container, and the driver's hooks need run once.
 func WriteSpec(dir string, slots []string, e Edits) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	for _, slot := range slots {
-		b, err := json.MarshalIndent(cdiSpec{Version: "0.6.0", Kind: CDIKind, Devices: []cdiDevice{{Name: slot, ContainerEdits: e}}}, "", "  ")
+	for i, slot := range slots {
+		spec := &specs.Spec{Kind: CDIKind, Devices: []specs.Device{{Name: slot, ContainerEdits: e.containerEdits(i == 0)}}}
+		v, err := specs.MinimumRequiredVersion(spec)
+		if err != nil {
+			return fmt.Errorf("CDI version for slot %s: %w", slot, err)
+		}
+		spec.Version = newestVersion(v, oldestCDIVersion)
+		b, err := json.MarshalIndent(spec, "", "  ")
 		if err != nil {
 			return err
 		}
@@ -121,6 +172,26 @@ func WriteSpec(dir string, slots []string, e Edits) error {
 		}
 	}
 	return nil
+}
+
+// newestVersion is the later of two "major.minor.patch" versions.
+func newestVersion(a, b string) string {
+	parse := func(v string) (out [3]int) {
+		for i, f := range strings.SplitN(strings.TrimPrefix(v, "v"), ".", 3) {
+			out[i], _ = strconv.Atoi(f)
+		}
+		return out
+	}
+	pa, pb := parse(a), parse(b)
+	for i := range pa {
+		if pa[i] != pb[i] {
+			if pa[i] > pb[i] {
+				return a
+			}
+			return b
+		}
+	}
+	return a
 }
 
 // SpecPath is where a slot's spec lives.

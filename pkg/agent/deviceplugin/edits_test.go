@@ -17,22 +17,21 @@ import (
 func TestEditsFor(t *testing.T) {
 	pipe := func(uuid string) string { return "/run/mps/" + uuid }
 	for _, tc := range []struct {
-		name     string
-		c        gpu.ContainerAssignment
-		env      []string
-		mounts   int
-		enforced bool
-		err      string
+		name   string
+		c      gpu.ContainerAssignment
+		env    []string
+		mounts int
+		err    string
 	}{
 		{"whole GPUs", gpu.ContainerAssignment{Name: "m", Mode: gpu.ModeExclusive, GPUs: []gpu.GPUGrant{{UUID: "GPU-a"}, {UUID: "GPU-b"}}},
-			[]string{"NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b"}, 0, true, ""},
+			[]string{"NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b"}, 0, ""},
 		{"MPS client", gpu.ContainerAssignment{Name: "m", Mode: gpu.ModeMPS, GPUs: []gpu.GPUGrant{{UUID: "GPU-a", MemoryMiB: 20480, CoresPerMille: 305}}},
-			[]string{"NVIDIA_VISIBLE_DEVICES=GPU-a", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=31", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M", "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"}, 1, true, ""},
+			[]string{"NVIDIA_VISIBLE_DEVICES=GPU-a", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=31", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M", "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"}, 1, ""},
 		{"time-sliced", gpu.ContainerAssignment{Name: "m", Mode: gpu.ModeTimeSlicing, GPUs: []gpu.GPUGrant{{UUID: "GPU-a", MemoryMiB: 8192, CoresPerMille: 200}}},
-			[]string{"NVIDIA_VISIBLE_DEVICES=GPU-a", "TESSERA_GPU_CORES_PERCENT=0=20", "TESSERA_GPU_MEMORY_LIMIT_MIB=0=8192"}, 0, false, ""},
-		{"MPS over two GPUs", gpu.ContainerAssignment{Name: "m", Mode: gpu.ModeMPS, GPUs: []gpu.GPUGrant{{UUID: "GPU-a"}, {UUID: "GPU-b"}}}, nil, 0, false, "one daemon"},
-		{"no GPU", gpu.ContainerAssignment{Name: "m", Mode: gpu.ModeMPS}, nil, 0, false, "names no GPU"},
-		{"unknown mode", gpu.ContainerAssignment{Name: "m", Mode: "mig", GPUs: []gpu.GPUGrant{{UUID: "GPU-a"}}}, nil, 0, false, "unknown sharing mode"},
+			[]string{"NVIDIA_VISIBLE_DEVICES=GPU-a", "TESSERA_GPU_CORES_PERCENT=0=20", "TESSERA_GPU_MEMORY_LIMIT_MIB=0=8192"}, 0, ""},
+		{"MPS over two GPUs", gpu.ContainerAssignment{Name: "m", Mode: gpu.ModeMPS, GPUs: []gpu.GPUGrant{{UUID: "GPU-a"}, {UUID: "GPU-b"}}}, nil, 0, "one daemon"},
+		{"no GPU", gpu.ContainerAssignment{Name: "m", Mode: gpu.ModeMPS}, nil, 0, "names no GPU"},
+		{"unknown mode", gpu.ContainerAssignment{Name: "m", Mode: "mig", GPUs: []gpu.GPUGrant{{UUID: "GPU-a"}}}, nil, 0, "unknown sharing mode"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e, err := EditsFor(tc.c, pipe)
@@ -46,8 +45,8 @@ func TestEditsFor(t *testing.T) {
 				t.Fatal(err)
 			}
 			want := append([]string{tc.env[0]}, slices.Sorted(slices.Values(tc.env[1:]))...)
-			if !slices.Equal(e.Env, want) || len(e.Mounts) != tc.mounts || e.Enforced != tc.enforced {
-				t.Fatalf("edits %+v, want env %v, %d mounts, enforced %v", e, want, tc.mounts, tc.enforced)
+			if !slices.Equal(e.Env, want) || len(e.Mounts) != tc.mounts {
+				t.Fatalf("edits %+v, want env %v, %d mounts", e, want, tc.mounts)
 			}
 			if tc.mounts == 1 && (e.Mounts[0].HostPath != "/run/mps/GPU-a" || e.Mounts[0].ContainerPath != MPSPipeDirInContainer) {
 				t.Fatalf("mount %+v", e.Mounts[0])

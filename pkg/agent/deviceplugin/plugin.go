@@ -37,6 +37,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	"tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
@@ -89,6 +90,8 @@ type Plugin struct {
 	nodePods   func() []*v1.Pod
 	oversub    float64
 	preStarted func(pod *v1.Pod, container string, slots int, err error)
+	isolate    Isolate
+	driver     Driver
 
 	mu      sync.Mutex
 	gpus    []GPUSlots
@@ -122,7 +125,25 @@ type Config struct {
 	// refused. A refused pod keeps its slots in kubelet until it is
 	// deleted.
 	PreStarted func(pod *v1.Pod, container string, slots int, err error)
+	// Isolate, when set, puts in force the limits of a container about to
+	// get its GPUs — kernel memory limits, MPS server limits — before its
+	// spec is written, and says what holds each GPU's slice. An error
+	// refuses the container: it never runs with a limit that could not be
+	// set.
+	Isolate Isolate
+	// Driver, when set, gives the driver's edits for the container's GPUs
+	// (their device nodes, the control nodes, libraries, hooks), written
+	// into its spec, so that its GPUs are exactly its assignment and do
+	// not rest on NVIDIA_VISIBLE_DEVICES and a runtime hook honouring it.
+	Driver Driver
 }
+
+// Isolate sets a container's limits and returns, per GPU of c in order,
+// what holds its slice.
+type Isolate func(ctx context.Context, pod *v1.Pod, c gpu.ContainerAssignment) ([]gpu.Guarantee, error)
+
+// Driver returns the driver's edits for a container with these GPUs.
+type Driver func(uuids []string) (*specs.ContainerEdits, error)
 
 // DefaultSchedulerNames is tessera-scheduler's shipped profile
 // (deploy/scheduler-config.yaml).
@@ -135,7 +156,8 @@ func New(c Config) *Plugin {
 		schedulers = DefaultSchedulerNames
 	}
 	return &Plugin{node: c.Node, schedulers: schedulers, holder: c.Holder, pods: c.Pods, pipeDir: c.PipeDir, cdiDir: c.CDIDir, noticeDir: c.NoticeDir,
-		inventory: c.Inventory, nodePods: c.NodePods, oversub: c.MemoryOversubscription, preStarted: c.PreStarted, changed: make(chan struct{})}
+		inventory: c.Inventory, nodePods: c.NodePods, oversub: c.MemoryOversubscription, preStarted: c.PreStarted, isolate: c.Isolate, driver: c.Driver,
+		changed: make(chan struct{})}
 }
 
 // SetGPUs replaces what is advertised; ListAndWatch streams the change to
@@ -272,7 +294,7 @@ func (p *Plugin) PreStartContainer(ctx context.Context, req *pluginapi.PreStartC
 		return nil, fmt.Errorf("which container holds %s %v: %w", ResourceName, req.DevicesIds, err)
 	}
 	logger := klog.FromContext(ctx).WithValues("pod", klog.KRef(ns, name), "container", container)
-	e, err := p.editsFor(ns, name, container, len(req.DevicesIds))
+	e, err := p.editsFor(klog.NewContext(ctx, logger), ns, name, container, len(req.DevicesIds))
 	if p.preStarted != nil {
 		if pod := p.pods(ns, name); pod != nil {
 			p.preStarted(pod, container, len(req.DevicesIds), err)
@@ -285,11 +307,11 @@ func (p *Plugin) PreStartContainer(ctx context.Context, req *pluginapi.PreStartC
 	if err := WriteSpec(p.cdiDir, req.DevicesIds, e); err != nil {
 		return nil, fmt.Errorf("write CDI spec for pod %s/%s container %s: %w", ns, name, container, err)
 	}
-	logger.V(2).Info("GPU slots prepared", "slots", req.DevicesIds, "env", e.Env, "enforced", e.Enforced)
+	logger.V(2).Info("GPU slots prepared", "slots", req.DevicesIds, "env", e.Env, "isolation", isolationValue(e.Guarantees))
 	return &pluginapi.PreStartContainerResponse{}, nil
 }
 
-func (p *Plugin) editsFor(ns, name, container string, slots int) (Edits, error) {
+func (p *Plugin) editsFor(ctx context.Context, ns, name, container string, slots int) (Edits, error) {
 	pod := p.pods(ns, name)
 	if pod == nil {
 		return Edits{}, fmt.Errorf("pod %s/%s: not known to the agent yet: %w", ns, name, ErrNoAssignment)
@@ -322,8 +344,28 @@ func (p *Plugin) editsFor(ns, name, container string, slots int) (Edits, error) 
 			return Edits{}, fmt.Errorf("pod %s/%s container %s holds %d slots but is assigned %d GPUs", ns, name, container, slots, len(c.GPUs))
 		}
 		e, err := EditsFor(c, p.pipeDir)
-		if err != nil || p.noticeDir == nil {
+		if err != nil {
 			return e, err
+		}
+		if p.driver != nil {
+			uuids := make([]string, len(c.GPUs))
+			for i, g := range c.GPUs {
+				uuids[i] = g.UUID
+			}
+			if e.Driver, err = p.driver(uuids); err != nil {
+				return Edits{}, fmt.Errorf("pod %s/%s container %s: the driver's files and device nodes for its GPUs: %w", ns, name, container, err)
+			}
+		}
+		// Limits in force before the spec exists: the runtime cannot
+		// create the container without it.
+		if p.isolate != nil {
+			if e.Guarantees, err = p.isolate(ctx, pod, c); err != nil {
+				return Edits{}, fmt.Errorf("pod %s/%s container %s: its GPU limits could not be set, so it does not start: %w", ns, name, container, err)
+			}
+			e.Env = append(e.Env, IsolationEnv+"="+isolationValue(e.Guarantees))
+		}
+		if p.noticeDir == nil {
+			return e, nil
 		}
 		// The preemption contract: the notice appears here, and the
 		// workload reports its checkpoint here.
