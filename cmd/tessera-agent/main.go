@@ -72,6 +72,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		schedulers   = fs.String("scheduler-names", strings.Join(deviceplugin.DefaultSchedulerNames, ","), "the scheduler profiles that run TesseraGPU, comma-separated: an assignment on a pod naming another scheduler is refused")
 		showVersion  = fs.Bool("version", false, "print the version and exit")
 		noticeRoot   = fs.String("preemption-dir", "/run/tessera/preemption", "holds each pod's preemption notice directory, mounted into its GPU containers (empty: no preemption notices)")
+		cgroupRoot   = fs.String("cgroup-root", "/sys/fs/cgroup", "the host's cgroup v2 hierarchy, where pods' kernel GPU memory limits are set (empty: none are set, and the inventory says so)")
+		driverRoot   = fs.String("driver-root", "/", "where the NVIDIA driver's files are, at the same paths as on the host; NVIDIA's CDI generator puts its device nodes and libraries into every slot spec (empty: GPU containers rest on NVIDIA_VISIBLE_DEVICES)")
+		cdiHook      = fs.String("cdi-hook", "", "nvidia-cdi-hook on the host (the NVIDIA container toolkit's default, /usr/bin/nvidia-cdi-hook, when empty)")
 	)
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
@@ -135,7 +138,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		MPS: *useMPS, MPSBinary: *mpsBinary, MPSRoot: *mpsRoot, SchedulerNames: schedulerNames,
 		Holder: deviceplugin.PodResourcesHolder{Client: podresourcesapi.NewPodResourcesListerClient(conn)},
 		Pods:   nodePods.Get, CDIDir: *cdiDir, ProcRoot: *procRoot, NodePods: nodePods.List, AssignmentChanges: nodePods.Changes, NoticeRoot: *noticeRoot,
-		NvidiaSMI: *nvidiaSMI,
+		NvidiaSMI: *nvidiaSMI, CgroupRoot: *cgroupRoot, DriverRoot: *driverRoot, CDIHookPath: *cdiHook,
 	})
 	switch {
 	case errors.Is(err, nvml.ErrNoDriver):

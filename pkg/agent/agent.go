@@ -33,6 +33,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent/adjuster"
 	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
 	"github.com/tessera-gpu/tessera/pkg/agent/health"
+	"github.com/tessera-gpu/tessera/pkg/agent/memlimit"
 	"github.com/tessera-gpu/tessera/pkg/agent/metrics"
 	"github.com/tessera-gpu/tessera/pkg/agent/mps"
 	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
@@ -91,6 +92,18 @@ type Options struct {
 	// driver's nvidia-smi at NvidiaSMI (looked up on $PATH by default).
 	TimeSlicer timeslice.Setter
 	NvidiaSMI  string
+	// CgroupRoot is the host's cgroup v2 hierarchy (/sys/fs/cgroup on a
+	// node), where the agent sets pods' kernel GPU memory limits; empty
+	// turns them off (GPUs then report no kernel memory limits).
+	CgroupRoot string
+	// DriverRoot is where the driver's files are as the agent sees them,
+	// at the same paths as on the host ("/" for a host install); NVIDIA's
+	// CDI generator writes its device nodes and libraries into every slot
+	// spec. Empty leaves containers' GPUs to NVIDIA_VISIBLE_DEVICES.
+	DriverRoot string
+	// CDIHookPath is nvidia-cdi-hook on the host (nvcdi's default when
+	// empty).
+	CDIHookPath string
 }
 
 // Agent is one node's agent.
@@ -137,6 +150,14 @@ type Agent struct {
 	// set one was found (noTimeSlicer says why) or the node runs MPS.
 	timeSlices   *timeslice.Manager
 	noTimeSlicer error
+
+	// Isolation (isolation.go): the kernel memory limiter (nil without a
+	// cgroup root), what each GPU offers, and the MPS server limits'
+	// decisions, one at a time.
+	limiter     *memlimit.Limiter
+	isoMu       sync.Mutex
+	iso         isolationState
+	mpsLimitsMu sync.Mutex
 }
 
 // New opens NVML and reads the GPUs. Without a driver it fails with
@@ -199,6 +220,12 @@ func New(opts Options) (*Agent, error) {
 	}
 	dpc := deviceplugin.Config{Node: opts.Node, SchedulerNames: opts.SchedulerNames, Holder: opts.Holder, Pods: opts.Pods, PipeDir: pipe, CDIDir: opts.CDIDir, NoticeDir: noticeDir,
 		PreStarted: a.preStarted}
+	if a.gpus != nil {
+		dpc.Isolate, dpc.Driver = a.isolate, a.driverEdits
+		if opts.CgroupRoot != "" {
+			a.limiter = &memlimit.Limiter{NVML: a.gpus, Root: opts.CgroupRoot}
+		}
+	}
 	if opts.NodePods != nil {
 		// Every assignment is checked against this node's GPUs and what
 		// was granted before it, whoever wrote it.
@@ -232,9 +259,15 @@ func New(opts Options) (*Agent, error) {
 			a.timeSlices = timeslice.NewManager(setter, timeSliceRetry)
 		}
 	}
+	a.probeIsolation(klog.NewContext(context.Background(), klog.Background()))
+	a.reg.MustRegister(isolationCollector{a})
 	a.reg.MustRegister(mpsRestarts, sliceChanges, reclaims, reclaimKilled, reclaimDuration, timeSliceClass, timeSliceFailures, assignmentChanges, refusedSlots)
 	return a, nil
 }
+
+// isolationReconcileEvery is how often kernel memory limits and MPS server
+// limits follow the GPUs' tenants.
+const isolationReconcileEvery = 10 * time.Second
 
 var mpsRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "tessera_mps_daemon_restarts_total", Help: "MPS control daemons found dead and restarted, per GPU.",
@@ -318,6 +351,10 @@ func (a *Agent) Inventory(now time.Time) *gpu.NodeInventory {
 		ok, _, _ := a.health.Healthy(d.UUID, now)
 		dev := d.Device(ok, a.MPS != nil)
 		dev.Slices = a.slicesOf(d.UUID)
+		if a.gpus != nil {
+			o := a.offer(d.UUID)
+			dev.Isolation = &o
+		}
 		inv.GPUs = append(inv.GPUs, dev)
 	}
 	inv.Reclaimed = a.reclaimedList()
@@ -596,6 +633,8 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 	}
 	go a.watchOwnNode(ctx)
 	go wait.UntilWithContext(ctx, a.pruneRefused, 5*time.Second)
+	// At start it also finds limits a crashed agent left behind.
+	go wait.UntilWithContext(ctx, a.reconcileIsolation, isolationReconcileEvery)
 	if a.gpus != nil {
 		go func() {
 			// Without events a fault is only seen when the GPU stops

@@ -1,0 +1,398 @@
+package agent
+
+// Isolation in force: what each GPU's driver offers to hold a slice, the
+// limits set before a container starts (kernel memory limits on its pod's
+// cgroup, its GPU's MPS server limits), the reconciliation that follows the
+// GPUs' tenants and removes what an ended pod or a crashed agent left, and
+// what holds every slice, shown on the pod, in the inventory and in a
+// metric. The rules are pure (gpu.GuaranteeOf, gpu.MPSServerLimitsFor,
+// memlimit.Plan); this file only does the I/O.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	"tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/tessera-gpu/tessera/pkg/agent/driverspec"
+	"github.com/tessera-gpu/tessera/pkg/agent/memlimit"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/podgpu"
+)
+
+// ConditionGPUIsolation is the pod condition the agent sets when a GPU
+// container starts: True when every dimension of every slice of the pod is
+// held by a mechanism (device, kernel, MPS server), False when some are only
+// accounted or held for cooperating clients; the message says which, per
+// container and GPU. Tenants read it with kubectl; inside the container,
+// TESSERA_GPU_ISOLATION says the same.
+const ConditionGPUIsolation v1.PodConditionType = "tessera.dev/GPUIsolation"
+
+// isolationState is what the agent found its GPUs offer, and the driver's
+// CDI edits, as of the driver version probed.
+type isolationState struct {
+	driver string
+	offers map[string]gpu.IsolationOffer
+	edits  *driverspec.Edits
+}
+
+// probeIsolation finds, per GPU, what the driver offers to hold slices:
+// kernel memory limits (tried on a scratch cgroup), MPS limits (the node
+// runs MPS), time-slice classes (a way to set them was found). It also
+// generates the driver's CDI edits. It runs at start and again when the
+// driver version changes.
+func (a *Agent) probeIsolation(ctx context.Context) {
+	if a.gpus == nil {
+		return
+	}
+	logger := klog.FromContext(ctx)
+	driver, _, err := a.gpus.DriverVersion()
+	if err != nil {
+		logger.Error(err, "Reading the driver version; isolation is probed again when it reads")
+	}
+	var uuids []string
+	for _, d := range a.devices {
+		if !d.MIGEnabled {
+			uuids = append(uuids, d.UUID)
+		}
+	}
+	kernel, why := map[string]bool{}, map[string]string{}
+	var probeErr error
+	if a.limiter != nil {
+		kernel, why, probeErr = a.limiter.Probe(uuids)
+	}
+	st := isolationState{driver: driver, offers: map[string]gpu.IsolationOffer{}}
+	for _, d := range a.devices {
+		if d.MIGEnabled {
+			st.offers[d.UUID] = gpu.IsolationOffer{Why: "MIG is enabled: Tessera does not slice this GPU"}
+			continue
+		}
+		o := gpu.IsolationOffer{KernelMemoryLimits: kernel[d.UUID], MPSLimits: a.MPS != nil, TimeSliceClasses: a.MPS == nil && a.timeSlices != nil}
+		var reasons []string
+		if !o.KernelMemoryLimits {
+			switch {
+			case a.limiter == nil:
+				reasons = append(reasons, "kernel memory limits: the agent was given no cgroup root (--cgroup-root)")
+			case why[d.UUID] != "":
+				reasons = append(reasons, "kernel memory limits: "+why[d.UUID])
+			case probeErr != nil:
+				reasons = append(reasons, "kernel memory limits: "+probeErr.Error())
+			}
+		}
+		if a.MPS == nil && a.timeSlices == nil && a.noTimeSlicer != nil {
+			reasons = append(reasons, "time-slice classes: "+a.noTimeSlicer.Error())
+		}
+		o.Why = strings.Join(reasons, "; ")
+		st.offers[d.UUID] = o
+		logger.Info("GPU isolation offered", "gpu", d.UUID, "driver", driver, "kernelMemoryLimits", o.KernelMemoryLimits,
+			"mpsLimits", o.MPSLimits, "timeSliceClasses", o.TimeSliceClasses, "why", o.Why)
+	}
+	if a.opts.DriverRoot != "" {
+		e, err := driverspec.Generate(a.opts.NVML, driverspec.Options{DriverRoot: a.opts.DriverRoot, HookPath: a.opts.CDIHookPath})
+		if err != nil {
+			logger.Error(err, "NVIDIA's CDI generator failed: containers get their GPUs through NVIDIA_VISIBLE_DEVICES and the runtime's hook alone",
+				"driverRoot", a.opts.DriverRoot)
+			a.event(ctx, time.Now(), v1.EventTypeWarning, "DriverEditsUnavailable", "GenerateCDI",
+				fmt.Sprintf("the driver's CDI edits could not be generated under %s, so GPU containers rest on NVIDIA_VISIBLE_DEVICES: %v", a.opts.DriverRoot, err))
+		} else {
+			st.edits = e
+		}
+	}
+	a.isoMu.Lock()
+	a.iso = st
+	a.isoMu.Unlock()
+}
+
+// offer is a GPU's offer as last probed.
+func (a *Agent) offer(uuid string) gpu.IsolationOffer {
+	a.isoMu.Lock()
+	defer a.isoMu.Unlock()
+	return a.iso.offers[uuid]
+}
+
+// driverEdits gives the device plugin the driver's edits for a container's
+// GPUs.
+func (a *Agent) driverEdits(uuids []string) (*specs.ContainerEdits, error) {
+	a.isoMu.Lock()
+	e := a.iso.edits
+	a.isoMu.Unlock()
+	if e == nil {
+		return nil, nil
+	}
+	return e.For(uuids)
+}
+
+// checkDriver probes again when the driver version changed (an upgrade
+// under a running agent), and republishes the offers.
+func (a *Agent) checkDriver(ctx context.Context) {
+	if a.gpus == nil {
+		return
+	}
+	driver, _, err := a.gpus.DriverVersion()
+	a.isoMu.Lock()
+	was := a.iso.driver
+	a.isoMu.Unlock()
+	if err != nil || driver == was {
+		return
+	}
+	klog.FromContext(ctx).Info("The GPU driver changed; probing what it offers to hold slices", "from", was, "to", driver)
+	a.probeIsolation(ctx)
+	if err := a.Refresh(ctx, time.Now()); err != nil {
+		klog.FromContext(ctx).Error(err, "Publishing the new isolation offers failed; retrying at the next pass")
+	}
+}
+
+// activePod is a pod of this node holding GPUs, and its assignment.
+type activePod struct {
+	pod *v1.Pod
+	asg *gpu.PodAssignment
+}
+
+// activePods are this node's pods that hold GPUs and have not finished,
+// plus starting (which kubelet is starting, in case the agent's pod list
+// has not seen it yet).
+func (a *Agent) activePods(starting *v1.Pod) []activePod {
+	var out []activePod
+	seen := false
+	add := func(p *v1.Pod) {
+		if podgpu.Finished(p) {
+			return
+		}
+		asg, err := podgpu.BoundAssignment(p)
+		if err != nil || asg == nil || asg.Node != a.opts.Node {
+			return
+		}
+		out = append(out, activePod{pod: p, asg: asg})
+	}
+	if a.opts.NodePods != nil {
+		for _, p := range a.opts.NodePods() {
+			if starting != nil && p.UID == starting.UID {
+				seen = true
+			}
+			add(p)
+		}
+	}
+	if starting != nil && !seen {
+		add(starting)
+	}
+	return out
+}
+
+// limitedGPUs are the node's GPUs with their offers, as memlimit.Plan
+// takes them.
+func (a *Agent) limitedGPUs() []gpu.Device {
+	out := make([]gpu.Device, 0, len(a.devices))
+	for _, d := range a.devices {
+		dev := d.Device(true, a.MPS != nil)
+		o := a.offer(d.UUID)
+		dev.Isolation = &o
+		out = append(out, dev)
+	}
+	return out
+}
+
+// mpsServerLimits sets a GPU's MPS server limits to the tightest still
+// correct for its MPS tenants among pods, and returns them.
+func (a *Agent) mpsServerLimits(ctx context.Context, uuid string, pods []activePod) (gpu.MPSServerLimits, error) {
+	var grants []gpu.GPUGrant
+	for _, p := range pods {
+		for _, c := range p.asg.Containers {
+			if c.Mode != gpu.ModeMPS {
+				continue
+			}
+			for _, g := range c.GPUs {
+				if g.UUID == uuid {
+					grants = append(grants, g)
+				}
+			}
+		}
+	}
+	want := gpu.MPSServerLimitsFor(grants)
+	a.mpsLimitsMu.Lock()
+	defer a.mpsLimitsMu.Unlock()
+	if got, ok := a.MPS.ServerLimits(uuid); ok && got == want {
+		return want, nil
+	}
+	if err := a.MPS.SetServerLimits(ctx, uuid, want); err != nil {
+		return gpu.MPSServerLimits{}, err
+	}
+	klog.FromContext(ctx).V(2).Info("MPS server limits set", "gpu", uuid, "threadPercent", want.ThreadPercent, "memoryMiB", want.MemoryMiB, "tenants", len(grants))
+	return want, nil
+}
+
+// serverLimits are a GPU's MPS server limits in force: the whole GPU before
+// the agent set any.
+func (a *Agent) serverLimits(uuid string) gpu.MPSServerLimits {
+	if a.MPS != nil {
+		if l, ok := a.MPS.ServerLimits(uuid); ok {
+			return l
+		}
+	}
+	return gpu.MPSServerLimits{ThreadPercent: 100}
+}
+
+// isolate is the device plugin's Isolate: it puts a starting container's
+// limits in force — its GPU's MPS server limits, its pod's kernel memory
+// limits — and says what holds each of its slices. An error refuses the
+// container.
+func (a *Agent) isolate(ctx context.Context, pod *v1.Pod, c gpu.ContainerAssignment) ([]gpu.Guarantee, error) {
+	pods := a.activePods(pod)
+	if c.Mode == gpu.ModeMPS && a.MPS != nil {
+		for _, g := range c.GPUs {
+			if _, err := a.mpsServerLimits(ctx, g.UUID, pods); err != nil {
+				return nil, fmt.Errorf("MPS server limits of GPU %s: %w", g.UUID, err)
+			}
+		}
+	}
+	if a.limiter != nil {
+		plan := memlimit.Plan(memlimitPods(pods), a.limitedGPUs())
+		if err := a.limiter.ApplyPod(ctx, string(pod.UID), memlimit.ForPod(plan, string(pod.UID))); err != nil {
+			return nil, fmt.Errorf("kernel GPU memory limit: %w", err)
+		}
+	}
+	gs := make([]gpu.Guarantee, len(c.GPUs))
+	for i, g := range c.GPUs {
+		gs[i] = gpu.GuaranteeOf(c.Mode, g, a.offer(g.UUID), a.serverLimits(g.UUID))
+	}
+	go a.reportIsolation(klog.NewContext(context.Background(), klog.FromContext(ctx)), pod)
+	return gs, nil
+}
+
+func memlimitPods(pods []activePod) []memlimit.Pod {
+	out := make([]memlimit.Pod, len(pods))
+	for i, p := range pods {
+		out[i] = memlimit.Pod{UID: string(p.pod.UID), Assignment: p.asg}
+	}
+	return out
+}
+
+// sliceGuarantee is what holds one container's slice of one GPU.
+type sliceGuarantee struct {
+	Container string
+	GPU       string
+	gpu.Guarantee
+}
+
+// guaranteesOf is what holds each slice of a pod now.
+func (a *Agent) guaranteesOf(asg *gpu.PodAssignment) []sliceGuarantee {
+	var out []sliceGuarantee
+	for _, c := range asg.Containers {
+		for _, g := range c.GPUs {
+			out = append(out, sliceGuarantee{Container: c.Name, GPU: g.UUID, Guarantee: gpu.GuaranteeOf(c.Mode, g, a.offer(g.UUID), a.serverLimits(g.UUID))})
+		}
+	}
+	return out
+}
+
+// isolationCondition is the pod condition for its slices' guarantees.
+func isolationCondition(gs []sliceGuarantee, now time.Time) v1.PodCondition {
+	status, reason := v1.ConditionTrue, "Enforced"
+	parts := make([]string, 0, len(gs))
+	for _, g := range gs {
+		if !g.Memory.Enforced() || !g.Compute.Enforced() {
+			status, reason = v1.ConditionFalse, "PartlyAccounted"
+		}
+		parts = append(parts, fmt.Sprintf("%s on %s: %s", g.Container, g.GPU, g.Guarantee))
+	}
+	sort.Strings(parts)
+	msg := strings.Join(parts, "; ")
+	if status == v1.ConditionFalse {
+		msg += " (none: accounted by the scheduler, not held; mps-client: held only for a client that keeps its CUDA_MPS_* variables)"
+	}
+	return v1.PodCondition{Type: ConditionGPUIsolation, Status: status, Reason: reason, Message: msg, LastTransitionTime: metav1.NewTime(now)}
+}
+
+// reportIsolation sets the pod's GPUIsolation condition, best effort: the
+// container has its limits whether or not the API server hears of it.
+func (a *Agent) reportIsolation(ctx context.Context, pod *v1.Pod) {
+	if a.opts.Client == nil {
+		return
+	}
+	asg, err := podgpu.BoundAssignment(pod)
+	if err != nil || asg == nil {
+		return
+	}
+	cond := isolationCondition(a.guaranteesOf(asg), time.Now())
+	for _, c := range pod.Status.Conditions {
+		if c.Type == cond.Type && c.Status == cond.Status && c.Message == cond.Message {
+			return
+		}
+	}
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []v1.PodCondition{cond}}})
+	if err != nil {
+		return
+	}
+	if _, err := a.opts.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+		klog.FromContext(ctx).Error(err, "Setting the pod's GPU isolation condition failed", "pod", klog.KObj(pod))
+	}
+}
+
+// reconcileIsolation follows the GPUs' tenants: every pod cgroup's kernel
+// memory limits become the rule's (soft limits change as tenants come and
+// go; an ended pod's, or a crashed agent's leftovers, are removed), and each
+// MPS GPU's server limits are lowered to what its tenants still need.
+func (a *Agent) reconcileIsolation(ctx context.Context) {
+	a.checkDriver(ctx)
+	logger := klog.FromContext(ctx)
+	pods := a.activePods(nil)
+	if a.MPS != nil {
+		for _, d := range a.devices {
+			if d.MIGEnabled {
+				continue
+			}
+			if _, err := a.mpsServerLimits(ctx, d.UUID, pods); err != nil {
+				logger.Error(err, "Setting MPS server limits failed; retrying at the next pass", "gpu", d.UUID)
+			}
+		}
+	}
+	if a.limiter == nil {
+		return
+	}
+	var offering []string
+	for _, d := range a.devices {
+		if a.offer(d.UUID).KernelMemoryLimits {
+			offering = append(offering, d.UUID)
+		}
+	}
+	if len(offering) == 0 {
+		return
+	}
+	res, err := a.limiter.Reconcile(ctx, memlimit.Plan(memlimitPods(pods), a.limitedGPUs()), offering)
+	if err != nil && !errors.Is(err, context.Canceled) {
+		logger.Error(err, "Reconciling kernel GPU memory limits failed in part; retrying at the next pass")
+	}
+	if res != (memlimit.Result{}) {
+		logger.Info("Kernel GPU memory limits reconciled", "set", res.Set, "updated", res.Updated, "cleared", res.Cleared)
+	}
+}
+
+// isolationCollector exports, per slice and dimension, the mechanism that
+// holds it: tessera_slice_isolation{…, dimension, mechanism} 1.
+type isolationCollector struct{ a *Agent }
+
+var sliceIsolationDesc = prometheus.NewDesc("tessera_slice_isolation",
+	"What holds each slice, per dimension: device (whole GPU), kernel (NVML cgroup limit), mps-server, mps-client (held only for cooperating clients) or none (accounted only). Always 1.",
+	[]string{"node", "gpu", "namespace", "pod", "container", "dimension", "mechanism"}, nil)
+
+func (c isolationCollector) Describe(ch chan<- *prometheus.Desc) { ch <- sliceIsolationDesc }
+
+func (c isolationCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, p := range c.a.activePods(nil) {
+		for _, g := range c.a.guaranteesOf(p.asg) {
+			for dim, m := range map[string]gpu.Mechanism{"memory": g.Memory, "compute": g.Compute} {
+				ch <- prometheus.MustNewConstMetric(sliceIsolationDesc, prometheus.GaugeValue, 1,
+					c.a.opts.Node, g.GPU, p.pod.Namespace, p.pod.Name, g.Container, dim, string(m))
+			}
+		}
+	}
+}

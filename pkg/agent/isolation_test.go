@@ -1,0 +1,239 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+)
+
+// isolationNode is an agent on a DGX H100 mock whose GPUs offer kernel
+// memory limits except the last, a cgroup v2 root in a scratch directory,
+// and the node's pods.
+type isolationNode struct {
+	a        *Agent
+	root     string
+	uuids    []string
+	readings []*nvmltest.Reading
+	mu       sync.Mutex
+	pods     []*v1.Pod
+}
+
+func newIsolationNode(t *testing.T) *isolationNode {
+	t.Helper()
+	n := &isolationNode{root: t.TempDir()}
+	srv := dgxh100.New()
+	nvmltest.Install(srv, func(i int) *nvmltest.Reading {
+		r := &nvmltest.Reading{KernelLimits: i < len(srv.Devices)-1}
+		n.readings = append(n.readings, r)
+		return r
+	})
+	for _, d := range srv.Devices {
+		u, _ := d.GetUUID()
+		n.uuids = append(n.uuids, u)
+	}
+	if err := os.WriteFile(filepath.Join(n.root, "cgroup.controllers"), []byte("cpuset cpu io memory pids dmem\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(n.root, "kubepods.slice"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(Options{Node: "n1", Config: config.Default(), Client: newNode(), NVML: srv, CgroupRoot: n.root,
+		NodePods: func() []*v1.Pod { n.mu.Lock(); defer n.mu.Unlock(); return append([]*v1.Pod(nil), n.pods...) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.a = a
+	return n
+}
+
+// pod adds a running pod with one container's grant; withCgroup makes its
+// cgroup (kubelet's systemd layout, burstable) and returns its container's.
+func (n *isolationNode) pod(t *testing.T, name string, mode gpu.SharingMode, g gpu.GPUGrant, withCgroup bool) (*v1.Pod, string) {
+	t.Helper()
+	uid := types.UID("0c6e1a9a-3a9e-4f0e-9a55-" + strings.Repeat(string(name[len(name)-1]), 12))
+	enc, err := gpu.EncodeAssignment(&gpu.PodAssignment{Node: "n1", Containers: []gpu.ContainerAssignment{{Name: "main", Mode: mode, GPUs: []gpu.GPUGrant{g}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: name, UID: uid, Annotations: map[string]string{gpu.AnnotationAssignment: enc}},
+		Spec: v1.PodSpec{NodeName: "n1", SchedulerName: "tessera-scheduler", Containers: []v1.Container{{Name: "main"}}}, Status: v1.PodStatus{Phase: v1.PodRunning}}
+	if _, err := n.a.opts.Client.CoreV1().Pods("lab").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	n.mu.Lock()
+	n.pods = append(n.pods, p)
+	n.mu.Unlock()
+	ctr := ""
+	if withCgroup {
+		u := strings.ReplaceAll(string(uid), "-", "_")
+		ctr = filepath.Join(n.root, "kubepods.slice", "kubepods-burstable.slice", "kubepods-burstable-pod"+u+".slice", "cri-containerd-"+strings.Repeat("ab", 32)+".scope")
+		if err := os.MkdirAll(ctr, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return p, ctr
+}
+
+func (n *isolationNode) end(name string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, p := range n.pods {
+		if p.Name == name {
+			p.Status.Phase = v1.PodSucceeded
+		}
+	}
+}
+
+const gib = uint64(1) << 30
+
+// TestKernelMemoryLimitsHoldTimeSlicedSlices: on GPUs whose driver offers
+// NVML's cgroup memory limits, a starting time-sliced container's pod gets
+// a hard limit of its grant before the container exists, and an allocation
+// past it fails with an out-of-memory error while one within it succeeds;
+// the GPU without the feature reports why and its slices say "none"; a pod
+// whose cgroup is missing is refused; the limits of an ended pod and one
+// left behind by a crashed agent are removed; the guarantee is in the
+// inventory, on the pod and in the metric.
+func TestKernelMemoryLimitsHoldTimeSlicedSlices(t *testing.T) {
+	ctx := context.Background()
+	n := newIsolationNode(t)
+	last := len(n.uuids) - 1
+
+	inv := n.a.Inventory(time.Now())
+	if o := inv.GPUs[0].Offer(); !o.KernelMemoryLimits || o.MPSLimits {
+		t.Fatalf("GPU 0 offers %+v, want kernel memory limits", o)
+	}
+	if o := inv.GPUs[last].Offer(); o.KernelMemoryLimits || !strings.Contains(o.Why, "kernel memory limits:") {
+		t.Fatalf("GPU %d (no driver support) offers %+v, want none with the reason", last, o)
+	}
+
+	train, trainCtr := n.pod(t, "train-1", gpu.ModeTimeSlicing, gpu.GPUGrant{UUID: n.uuids[0], MemoryMiB: 20 << 10, CoresPerMille: 500}, true)
+	_, _ = n.pod(t, "infer-2", gpu.ModeTimeSlicing, gpu.GPUGrant{UUID: n.uuids[0], MemoryMiB: 40 << 10, CoresPerMille: 500}, true)
+	gs, err := n.a.isolate(ctx, train, gpu.ContainerAssignment{Name: "main", Mode: gpu.ModeTimeSlicing, GPUs: []gpu.GPUGrant{{UUID: n.uuids[0], MemoryMiB: 20 << 10, CoresPerMille: 500}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (gpu.Guarantee{Memory: gpu.MechanismKernel, Compute: gpu.MechanismNone}); len(gs) != 1 || gs[0] != want {
+		t.Fatalf("guarantees %v, want %v", gs, want)
+	}
+	lim := n.readings[0].Limits
+	podCg := filepath.Dir(trainCtr)
+	if soft, hard, ok := lim.Limit(podCg); !ok || hard != 20*gib || soft != 20*gib {
+		t.Fatalf("pod cgroup limits soft %d hard %d (set %v), want 20 GiB both", soft, hard, ok)
+	}
+	// The tenant's processes live in the container's cgroup, below the
+	// pod's: the driver holds them to the pod's limit.
+	if err := lim.Allocate(trainCtr, 19*gib); err != nil {
+		t.Fatalf("an allocation within the grant failed: %v", err)
+	}
+	if err := lim.Allocate(trainCtr, 2*gib); !errors.Is(err, nvmltest.ErrOutOfMemory) {
+		t.Fatalf("an allocation past the grant = %v, want out of memory", err)
+	}
+	lim.Free(trainCtr)
+
+	// The GPU without the feature: the slice is only accounted, and says so.
+	noLimits, _ := n.pod(t, "old-3", gpu.ModeTimeSlicing, gpu.GPUGrant{UUID: n.uuids[last], MemoryMiB: 8 << 10, CoresPerMille: 250}, true)
+	gs, err = n.a.isolate(ctx, noLimits, gpu.ContainerAssignment{Name: "main", Mode: gpu.ModeTimeSlicing, GPUs: []gpu.GPUGrant{{UUID: n.uuids[last], MemoryMiB: 8 << 10, CoresPerMille: 250}}})
+	if err != nil || gs[0].Memory != gpu.MechanismNone {
+		t.Fatalf("on a GPU without kernel limits: %v, %v; want memory=none", gs, err)
+	}
+
+	// No cgroup: the container is refused, not run unlimited.
+	lost, _ := n.pod(t, "lost-4", gpu.ModeTimeSlicing, gpu.GPUGrant{UUID: n.uuids[1], MemoryMiB: 8 << 10, CoresPerMille: 250}, false)
+	if _, err := n.a.isolate(ctx, lost, gpu.ContainerAssignment{Name: "main", Mode: gpu.ModeTimeSlicing, GPUs: []gpu.GPUGrant{{UUID: n.uuids[1], MemoryMiB: 8 << 10, CoresPerMille: 250}}}); err == nil || !strings.Contains(err.Error(), "cgroup was not found") {
+		t.Fatalf("a pod without a cgroup: %v, want refused", err)
+	}
+
+	// The pod condition and the metric say what holds each slice.
+	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		p, err := n.a.opts.Client.CoreV1().Pods("lab").Get(ctx, "train-1", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == ConditionGPUIsolation {
+				if c.Status != v1.ConditionFalse || !strings.Contains(c.Message, "main on "+n.uuids[0]+": memory=kernel,compute=none") {
+					t.Errorf("condition %+v", c)
+				}
+				return true, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		t.Fatalf("no %s condition on the pod: %v", ConditionGPUIsolation, err)
+	}
+	mech := isolationSeries(t, n.a)
+	if got := mech["train-1/"+n.uuids[0]+"/memory"]; got != "kernel" {
+		t.Errorf("tessera_slice_isolation for train-1 memory = %q, want kernel (all: %v)", got, mech)
+	}
+	if got := mech["old-3/"+n.uuids[last]+"/memory"]; got != "none" {
+		t.Errorf("tessera_slice_isolation for old-3 memory = %q, want none", got)
+	}
+
+	// A crashed agent's leftover on a pod that holds no GPU any more, and
+	// an ended pod whose cgroup lingers: both cleared; the running pod
+	// keeps its limit.
+	_, strayCtr := n.pod(t, "stray-5", gpu.ModeTimeSlicing, gpu.GPUGrant{UUID: n.uuids[2], MemoryMiB: 1 << 10, CoresPerMille: 100}, true)
+	n.end("stray-5")
+	if err := n.a.gpus.SetMemoryLimits(n.uuids[0], filepath.Dir(strayCtr), gib, gib); err != nil {
+		t.Fatal(err)
+	}
+	n.end("infer-2")
+	n.a.reconcileIsolation(ctx)
+	if _, _, ok := lim.Limit(filepath.Dir(strayCtr)); ok {
+		t.Error("the crashed agent's leftover limit was not removed")
+	}
+	for _, cg := range lim.Cgroups() {
+		if !strings.Contains(cg, strings.ReplaceAll(string(train.UID), "-", "_")) {
+			t.Errorf("a limit is left on %s; only train-1's should remain", cg)
+		}
+	}
+	if _, hard, ok := lim.Limit(podCg); !ok || hard != 20*gib {
+		t.Errorf("the running pod's limit was lost: hard %d, set %v", hard, ok)
+	}
+}
+
+// isolationSeries reads tessera_slice_isolation: pod/gpu/dimension →
+// mechanism.
+func isolationSeries(t *testing.T, a *Agent) map[string]string {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(isolationCollector{a})
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			l := labelsOf(m)
+			out[l["pod"]+"/"+l["gpu"]+"/"+l["dimension"]] = l["mechanism"]
+		}
+	}
+	return out
+}
+
+func labelsOf(m *dto.Metric) map[string]string {
+	out := map[string]string{}
+	for _, l := range m.GetLabel() {
+		out[l.GetName()] = l.GetValue()
+	}
+	return out
+}
