@@ -104,6 +104,9 @@ type Options struct {
 	// CDIHookPath is nvidia-cdi-hook on the host (nvcdi's default when
 	// empty).
 	CDIHookPath string
+	// IsolationEvery is how often kernel memory limits and MPS server
+	// limits follow the GPUs' tenants (10 s when zero).
+	IsolationEvery time.Duration
 }
 
 // Agent is one node's agent.
@@ -634,7 +637,11 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 	go a.watchOwnNode(ctx)
 	go wait.UntilWithContext(ctx, a.pruneRefused, 5*time.Second)
 	// At start it also finds limits a crashed agent left behind.
-	go wait.UntilWithContext(ctx, a.reconcileIsolation, isolationReconcileEvery)
+	every := a.opts.IsolationEvery
+	if every <= 0 {
+		every = isolationReconcileEvery
+	}
+	go wait.UntilWithContext(ctx, a.reconcileIsolation, every)
 	if a.gpus != nil {
 		go func() {
 			// Without events a fault is only seen when the GPU stops

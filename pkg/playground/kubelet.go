@@ -68,6 +68,9 @@ type kubelet struct {
 	// noticeRoot is the agent's preemption notice root: a container sees
 	// its pod's directory under it.
 	noticeRoot string
+	// cgroupRoot holds the pods' cgroups (podCgroup), made before a pod's
+	// containers start, as kubelet's pod container manager does.
+	cgroupRoot string
 
 	reg      dpv1beta1.Server
 	podRes   *grpc.Server
@@ -466,6 +469,13 @@ func (k *kubelet) sync(ctx context.Context, uid types.UID) error {
 // the pod Running.
 func (k *kubelet) startPod(ctx context.Context, pod *v1.Pod) error {
 	logger := klog.FromContext(ctx).WithValues("pod", klog.KObj(pod), "node", k.node)
+	if k.cgroupRoot != "" {
+		// It stays after the pod ends, as a real one does for a while;
+		// the agent removes its limits.
+		if err := os.MkdirAll(filepath.Join(podCgroup(k.cgroupRoot, pod.UID), "cri-containerd-"+string(pod.UID)+".scope"), 0o755); err != nil {
+			return err
+		}
+	}
 	plugin, slots, err := k.admit(ctx, pod)
 	if err != nil {
 		return k.failAdmission(ctx, pod, err)

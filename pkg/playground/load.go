@@ -42,6 +42,9 @@ type load struct {
 	pids    map[types.UID][]uint32
 	// unkillable processes ignore kill (a process stuck in the driver).
 	unkillable map[uint32]bool
+	// limits are each GPU's kernel memory limits per cgroup, as the
+	// driver (580 and later) keeps them.
+	limits []*nvmltest.CgroupLimits
 }
 
 type gpuLoad struct {
@@ -76,9 +79,11 @@ func newLoad(srv *server.Server, procRoot string, firstPID uint32) (*load, error
 			FreeFunc: func() gonvml.Return { return gonvml.SUCCESS },
 		}, gonvml.SUCCESS
 	}
-	nvmltest.Install(srv, func(int) *nvmltest.Reading {
+	nvmltest.Install(srv, func(i int) *nvmltest.Reading {
+		lim := nvmltest.NewCgroupLimits(srv.Devices[i].(*server.Device).MemoryInfo.Total)
+		l.limits = append(l.limits, lim)
 		return &nvmltest.Reading{SMCount: smCount(srv), NVLink: true, TempC: 34, PowerMW: 70_000,
-			Events: uint64(gonvml.EventTypeXidCriticalError)}
+			Events: uint64(gonvml.EventTypeXidCriticalError), KernelLimits: true, Limits: lim}
 	})
 	for i, dev := range srv.Devices {
 		d := dev.(*server.Device)

@@ -32,6 +32,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -115,6 +116,10 @@ type Node struct {
 	// TimeSlices is what the agent set as each time-shared GPU's driver
 	// time-slice class (the mock GPUs have no nvidia-smi behind them).
 	TimeSlices *timeslice.Recorder
+	// CgroupRoot is the node's cgroup v2 hierarchy: its kubelet makes each
+	// pod's cgroup there before the pod's containers start, and the agent
+	// sets kernel GPU memory limits on them through the mock driver.
+	CgroupRoot string
 
 	agent   *agent.Agent
 	kubelet *kubelet
@@ -123,6 +128,29 @@ type Node struct {
 	conn    *grpc.ClientConn
 	cancel  context.CancelFunc
 	done    chan struct{}
+}
+
+// MemoryLimit is the kernel GPU memory limit the driver holds for a pod on
+// GPU index i: its hard limit in bytes, and whether one is set.
+func (n *Node) MemoryLimit(i int, pod types.UID) (hard uint64, ok bool) {
+	_, hard, ok = n.load.limits[i].Limit(podCgroup(n.CgroupRoot, pod))
+	return hard, ok
+}
+
+// makeCgroupRoot lays out a cgroup v2 root as a node with kubelet's systemd
+// cgroup driver has it.
+func makeCgroupRoot(root string) error {
+	if err := os.MkdirAll(filepath.Join(root, "kubepods.slice", "kubepods-burstable.slice"), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(root, "cgroup.controllers"), []byte("cpuset cpu io memory hugetlb pids rdma misc dmem\n"), 0o644)
+}
+
+// podCgroup is where kubelet's systemd driver puts a burstable pod's
+// cgroup.
+func podCgroup(root string, uid types.UID) string {
+	u := strings.ReplaceAll(string(uid), "-", "_")
+	return filepath.Join(root, "kubepods.slice", "kubepods-burstable.slice", "kubepods-burstable-pod"+u+".slice")
 }
 
 // InjectXid delivers an XID error on GPU index i as NVML would.
@@ -335,7 +363,13 @@ func (c *Cluster) startNode(ctx context.Context, opts Options, i int, mpsControl
 	nctx, cancel := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), klog.FromContext(ctx).WithValues("node", name)))
 	n.cancel = cancel
 	noticeRoot := filepath.Join(dir, "preemption")
+	n.CgroupRoot = filepath.Join(dir, "cgroup")
+	if err := makeCgroupRoot(n.CgroupRoot); err != nil {
+		cancel()
+		return nil, err
+	}
 	n.kubelet = newKubelet(name, filepath.Join(dir, "kubelet"), noticeRoot, c.Client, n.load)
+	n.kubelet.cgroupRoot = n.CgroupRoot
 	n.PodResourcesSocket, n.CDIDir, n.MPSRoot = n.kubelet.podResourcesSocket(), filepath.Join(dir, "cdi"), filepath.Join(dir, "mps")
 	if err := n.kubelet.start(nctx); err != nil {
 		cancel()
@@ -362,6 +396,7 @@ func (c *Cluster) startNode(ctx context.Context, opts Options, i int, mpsControl
 		Holder: deviceplugin.PodResourcesHolder{Client: podresourcesapi.NewPodResourcesListerClient(n.conn)},
 		Pods:   nodePods.Get, CDIDir: n.CDIDir, ProcRoot: procRoot, NodePods: nodePods.List, AssignmentChanges: nodePods.Changes,
 		NoticeRoot: noticeRoot, Kill: n.load.kill, TimeSlicer: n.TimeSlices,
+		CgroupRoot: n.CgroupRoot, IsolationEvery: time.Second,
 	})
 	if err != nil {
 		cancel()

@@ -44,6 +44,11 @@ type Tenant struct {
 	// preemption notice), or NotStarted (bound with its slices booked, no
 	// container started yet), with the reason a container waits.
 	State string `json:"state"`
+	// Isolation is what holds the slice, per dimension, by the GPU's offer
+	// in its agent's inventory and the rule the agent applies
+	// (gpu.GuaranteeOf): device, kernel, mps-server, mps-client or none.
+	Isolation gpu.Guarantee `json:"isolation"`
+	grant     gpu.GPUGrant
 	// Live usage, when an agent reported it.
 	Live          bool    `json:"live"`
 	UsedMiB       int64   `json:"usedMiB,omitempty"`
@@ -63,6 +68,9 @@ type GPU struct {
 	// keeps it in exclusive-process mode, where no tenant can time-slice.
 	MPS     bool     `json:"mps"`
 	Tenants []Tenant `json:"tenants"`
+	// Offer is what the GPU's driver offers to hold slices, from the
+	// agent's inventory.
+	Offer gpu.IsolationOffer `json:"offer"`
 }
 
 // Mode is the GPU's sharing mode: "free" without tenants, "exclusive" when a
@@ -161,7 +169,7 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 		for _, d := range inv.GPUs {
 			byUUID[d.UUID] = len(snap.GPUs)
 			snap.GPUs = append(snap.GPUs, GPU{Node: inv.Node, Index: d.Index, UUID: d.UUID, Model: d.Model,
-				MemoryMiB: d.MemoryMiB, Healthy: d.Healthy, Slices: d.Slices, MPS: d.MPSCapable})
+				MemoryMiB: d.MemoryMiB, Healthy: d.Healthy, Slices: d.Slices, MPS: d.MPSCapable, Offer: d.Offer()})
 		}
 	}
 	for i := range pods.Items {
@@ -210,7 +218,7 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 					mem, cores = snap.GPUs[i].MemoryMiB, 100
 				}
 				snap.GPUs[i].Tenants = append(snap.GPUs[i].Tenants, Tenant{Namespace: p.Namespace, Pod: p.Name, Container: c.Name,
-					Priority: prio, Mode: c.Mode, MemoryMiB: mem, CoresPercent: cores, State: state})
+					Priority: prio, Mode: c.Mode, MemoryMiB: mem, CoresPercent: cores, State: state, grant: g})
 			}
 		}
 	}
@@ -222,6 +230,7 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 		return a.Index < b.Index
 	})
 	for i := range snap.GPUs {
+		setIsolation(&snap.GPUs[i])
 		ts := snap.GPUs[i].Tenants
 		sort.Slice(ts, func(a, b int) bool {
 			if ts[a].Namespace != ts[b].Namespace {
@@ -234,6 +243,30 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 		})
 	}
 	return snap, nil
+}
+
+// setIsolation fills each tenant's guarantee: the MPS server limits are the
+// ones the agent sets for the GPU's MPS tenants (gpu.MPSServerLimitsFor).
+func setIsolation(g *GPU) {
+	var mps []gpu.GPUGrant
+	for _, t := range g.Tenants {
+		if t.Mode == gpu.ModeMPS {
+			mps = append(mps, t.grant)
+		}
+	}
+	server := gpu.MPSServerLimitsFor(mps)
+	for i := range g.Tenants {
+		t := &g.Tenants[i]
+		t.Isolation = gpu.GuaranteeOf(t.Mode, t.grant, g.Offer, server)
+	}
+}
+
+// held is the HELD column: memory/compute mechanisms.
+func held(g gpu.Guarantee) string {
+	if g.Memory == "" {
+		return "-"
+	}
+	return string(g.Memory) + "/" + string(g.Compute)
 }
 
 // nodeLess orders names with numbers numerically (gpu-node-2 < gpu-node-10).
@@ -361,7 +394,7 @@ func labelMap(m *dto.Metric) map[string]string {
 func Render(w io.Writer, s *Snapshot) error {
 	var buf bytes.Buffer
 	tw := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tGPU\tMODEL\tMODE\tSLICES\tMEMORY MiB\tCORES\tPOD\tPRIO\tSTATE\tMiB\tCORES\tUSED MiB\tSM")
+	fmt.Fprintln(tw, "NODE\tGPU\tMODEL\tMODE\tSLICES\tMEMORY MiB\tCORES\tPOD\tPRIO\tSTATE\tMiB\tCORES\tHELD MEM/SM\tUSED MiB\tSM")
 	for i := 0; i < len(s.GPUs); i++ {
 		g := s.GPUs[i]
 		mode := g.Mode()
@@ -384,7 +417,7 @@ func Render(w io.Writer, s *Snapshot) error {
 		head := fmt.Sprintf("%s\t%s\t%s\t%s\t%d/%d\t%s\t%d%%", g.Node, index, shortModel(g.Model), mode,
 			len(g.Tenants), g.Slices, g.memory(), g.GrantedCores())
 		if len(g.Tenants) == 0 {
-			fmt.Fprintln(tw, head+"\t-\t\t\t\t\t\t")
+			fmt.Fprintln(tw, head+"\t-\t\t\t\t\t\t\t")
 			continue
 		}
 		for i, t := range g.Tenants {
@@ -399,7 +432,7 @@ func Render(w io.Writer, s *Snapshot) error {
 			if t.Container != "" {
 				name += "/" + t.Container
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d%%\t%s\t%s\n", head, name, t.Priority, t.State, t.MemoryMiB, t.CoresPercent, used, sm)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d%%\t%s\t%s\t%s\n", head, name, t.Priority, t.State, t.MemoryMiB, t.CoresPercent, held(t.Isolation), used, sm)
 		}
 	}
 	if err := tw.Flush(); err != nil {

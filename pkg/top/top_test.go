@@ -89,7 +89,8 @@ func gpuPod(name, node string, a *gpu.PodAssignment, ann map[string]string) *v1.
 // metrics, pending pods counted.
 func TestCollectAndRender(t *testing.T) {
 	inv := &gpu.NodeInventory{Node: "node-2", GPUs: []gpu.Device{
-		{Index: 0, UUID: "GPU-a", Model: "NVIDIA H100 80GB HBM3", MemoryMiB: 81920, Healthy: true, Slices: 8, MPSCapable: true},
+		{Index: 0, UUID: "GPU-a", Model: "NVIDIA H100 80GB HBM3", MemoryMiB: 81920, Healthy: true, Slices: 8, MPSCapable: true,
+			Isolation: &gpu.IsolationOffer{MPSLimits: true}},
 		{Index: 1, UUID: "GPU-b", Model: "NVIDIA H100 80GB HBM3", MemoryMiB: 81920, Healthy: false, Slices: 8, MPSCapable: true},
 	}}
 	raw, _ := gpu.EncodeInventory(inv)
@@ -121,6 +122,9 @@ func TestCollectAndRender(t *testing.T) {
 		"node-2  0    H100 80GB HBM3  mps", "2/8", "24576/81920", "50%",
 		"ns/infer/main", "4096", "17%",
 		"ns/batch/main", "Preempting",
+		// The server is held to the larger tenant's grant (30 %, 16 GiB):
+		// batch is held by it, infer only while it keeps its variables.
+		"8192   20%    mps-client/mps-client", "16384  30%    mps-server/mps-server",
 		"free (unhealthy)",
 		"1 GPU pod(s) waiting for a slice",
 	} {
@@ -173,6 +177,7 @@ func TestRenderTellsTheTruth(t *testing.T) {
 		"ns/refused/main", "NotStarted (RunContainerError)",
 		"1 GPU pod(s) hold slices but have not started",
 		"102400/81920 (1.25× oversubscribed)",
+		"61440  30%    none/none",
 		"node-3: GPU inventory (tessera.dev/inventory) unreadable: ",
 		"ns/rogue holds 2 GPU slot(s) of node-2 without a Tessera assignment",
 	} {

@@ -32,6 +32,7 @@ import (
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/tessera-gpu/tessera/deploy"
+	"github.com/tessera-gpu/tessera/pkg/agent"
 	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
 	"github.com/tessera-gpu/tessera/pkg/agent/mps/mpssim"
 	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
@@ -330,6 +331,37 @@ func TestPlayground(t *testing.T) {
 		}
 	}
 
+	// Isolation in force (the playground's mock driver offers kernel
+	// memory limits on every GPU): the time-sliced pod's cgroup is held to
+	// its grant, set in PreStartContainer, before kubelet reported the pod
+	// Running; each pod says what holds its slices.
+	tsNode0 := byNode[tsPod.Spec.NodeName]
+	if hard, ok := tsNode0.MemoryLimit(tsAsg.Containers[0].GPUs[0].Index, tsPod.UID); !ok || hard != 16384<<20 {
+		t.Errorf("ts pod's kernel GPU memory limit: %d bytes (set %v), want its 16384 MiB grant", hard, ok)
+	}
+	for name, want := range map[string]string{
+		"ts":    "main on " + tsGPU + ": memory=kernel,compute=none",
+		"mps":   ": memory=mps-server,compute=mps-server", // alone on its GPU: the server is held to its grant
+		"whole": ": memory=device,compute=device",
+	} {
+		err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+			p, err := client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			for _, c := range p.Status.Conditions {
+				if c.Type == agent.ConditionGPUIsolation && strings.Contains(c.Message, want) {
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+		if err != nil {
+			p, _ := client.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+			t.Errorf("%s: no %s condition saying %q: %+v", name, agent.ConditionGPUIsolation, want, p.Status.Conditions)
+		}
+	}
+
 	// Metrics: the scheduler's, and the agents' per tenant.
 	if body := scrape(t, c.SchedulerMetricsURL); !strings.Contains(body, "tessera_scheduler_gpu_allocated_slices") {
 		t.Error("scheduler metrics lack tessera_scheduler_gpu_allocated_slices")
@@ -442,6 +474,15 @@ func TestPlayground(t *testing.T) {
 	}
 	if s, ok := held(t, tsNode.PodResourcesSocket)[ns+"/ts/main"]; ok {
 		t.Errorf("deleted pod still holds %v", s)
+	}
+	// Its kernel memory limit is removed by the agent's reconciliation,
+	// though its cgroup lingers.
+	err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 15*time.Second, true, func(context.Context) (bool, error) {
+		_, ok := tsNode.MemoryLimit(tsAsg.Containers[0].GPUs[0].Index, tsPod.UID)
+		return !ok, nil
+	})
+	if err != nil {
+		t.Error("the deleted pod's kernel GPU memory limit was not removed")
 	}
 
 	// Down stops every process and removes every file.
