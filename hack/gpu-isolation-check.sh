@@ -13,7 +13,9 @@
 #      each one's runs between context switches, per class.
 # Prints a table; exits 1 when a limit did not hold, 2 when it cannot run.
 # Needs root, the driver, nvcc, python3 with PyTorch, Go; builds only two
-# small programs (seconds). Runs in about 3 minutes.
+# small programs (seconds). Its steps add up to about 3 minutes of GPU work
+# (20 + 10 + 10 s of matmuls, 4 × 3 s of time slices, the allocations); it
+# has not been run on a GPU yet.
 # Usage: sudo hack/gpu-isolation-check.sh [gpu-index]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -103,12 +105,12 @@ fi
 # ---- 2. MPS server limits ---------------------------------------------------
 # Tenants of 30 % / 4 GiB and 70 % / 16 GiB: the agent sets the server to the
 # larger of each (gpu.MPSServerLimitsFor).
-coproc MPS { exec bin/isolation mps --gpu "$uuid" --dir "$mpsdir/mps" --threads 70 --mem-mib 16384 2>&1; }
-MPS_PID=$MPS_PID
+coproc MPS { exec bin/isolation mps --gpu "$uuid" --dir "$mpsdir/mps" --threads 70 --mem-mib 16384 2>"$mpsdir/mps.log"; }
+up=""
 read -r -t 60 up <&"${MPS[0]}"
 echo "$up"
 if [[ $up != "MPS up"* ]]; then
-	row "mps: daemon" mps-server "${up:0:58}" FAIL
+	row "mps: daemon" mps-server "$(tail -c 58 "$mpsdir/mps.log" | tr '\n' ' ')" FAIL
 else
 	pipe="$mpsdir/mps/$uuid/pipe"
 	client() { # threads, memMiB, command...

@@ -18,7 +18,7 @@ def alloc():
     try:
         while len(blocks) * 256 < (total >> 20):
             blocks.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
-    except torch.OutOfMemoryError as e:  # what a hard limit must give
+    except torch.cuda.OutOfMemoryError:  # what a hard limit must give
         err = "CUDA out of memory"
     except RuntimeError as e:
         err = str(e).splitlines()[0][:120]
