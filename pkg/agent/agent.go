@@ -161,6 +161,9 @@ type Agent struct {
 	isoMu       sync.Mutex
 	iso         isolationState
 	mpsLimitsMu sync.Mutex
+	// mpsConnected is, per pod and GPU, the MPS server limits when the
+	// pod's container started (under isoMu).
+	mpsConnected map[types.UID]map[string]gpu.MPSServerLimits
 }
 
 // New opens NVML and reads the GPUs. Without a driver it fails with

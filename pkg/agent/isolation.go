@@ -13,7 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
@@ -36,7 +36,7 @@ import (
 // accounted or held for cooperating clients; the message says which, per
 // container and GPU. Tenants read it with kubectl; inside the container,
 // TESSERA_GPU_ISOLATION says the same.
-const ConditionGPUIsolation v1.PodConditionType = "tessera.dev/GPUIsolation"
+const ConditionGPUIsolation v1.PodConditionType = gpu.ConditionIsolation
 
 // isolationState is what the agent found its GPUs offer, and the driver's
 // CDI edits, as of the driver version probed.
@@ -230,17 +230,6 @@ func (a *Agent) mpsServerLimits(ctx context.Context, uuid string, pods []activeP
 	return want, nil
 }
 
-// serverLimits are a GPU's MPS server limits in force: the whole GPU before
-// the agent set any.
-func (a *Agent) serverLimits(uuid string) gpu.MPSServerLimits {
-	if a.MPS != nil {
-		if l, ok := a.MPS.ServerLimits(uuid); ok {
-			return l
-		}
-	}
-	return gpu.MPSServerLimits{ThreadPercent: 100}
-}
-
 // isolate is the device plugin's Isolate: it puts a starting container's
 // limits in force — its GPU's MPS server limits, its pod's kernel memory
 // limits — and says what holds each of its slices. An error refuses the
@@ -249,9 +238,21 @@ func (a *Agent) isolate(ctx context.Context, pod *v1.Pod, c gpu.ContainerAssignm
 	pods := a.activePods(pod)
 	if c.Mode == gpu.ModeMPS && a.MPS != nil {
 		for _, g := range c.GPUs {
-			if _, err := a.mpsServerLimits(ctx, g.UUID, pods); err != nil {
+			l, err := a.mpsServerLimits(ctx, g.UUID, pods)
+			if err != nil {
 				return nil, fmt.Errorf("MPS server limits of GPU %s: %w", g.UUID, err)
 			}
+			// The container connects under these limits and keeps them,
+			// whatever the server is given later.
+			a.isoMu.Lock()
+			if a.mpsConnected == nil {
+				a.mpsConnected = map[types.UID]map[string]gpu.MPSServerLimits{}
+			}
+			if a.mpsConnected[pod.UID] == nil {
+				a.mpsConnected[pod.UID] = map[string]gpu.MPSServerLimits{}
+			}
+			a.mpsConnected[pod.UID][g.UUID] = l
+			a.isoMu.Unlock()
 		}
 	}
 	if a.limiter != nil {
@@ -260,9 +261,15 @@ func (a *Agent) isolate(ctx context.Context, pod *v1.Pod, c gpu.ContainerAssignm
 			return nil, fmt.Errorf("kernel GPU memory limit: %w", err)
 		}
 	}
-	gs := make([]gpu.Guarantee, len(c.GPUs))
-	for i, g := range c.GPUs {
-		gs[i] = gpu.GuaranteeOf(c.Mode, g, a.offer(g.UUID), a.serverLimits(g.UUID))
+	asg, err := podgpu.BoundAssignment(pod)
+	if err != nil || asg == nil {
+		return nil, fmt.Errorf("the pod's assignment: %w", err)
+	}
+	var gs []gpu.Guarantee
+	for _, sg := range a.guaranteesOf(pod, asg) {
+		if sg.Container == c.Name {
+			gs = append(gs, sg.Guarantee)
+		}
 	}
 	go a.reportIsolation(klog.NewContext(context.Background(), klog.FromContext(ctx)), pod)
 	return gs, nil
@@ -276,36 +283,56 @@ func memlimitPods(pods []activePod) []memlimit.Pod {
 	return out
 }
 
-// sliceGuarantee is what holds one container's slice of one GPU.
-type sliceGuarantee struct {
-	Container string
-	GPU       string
-	gpu.Guarantee
-}
-
-// guaranteesOf is what holds each slice of a pod now.
-func (a *Agent) guaranteesOf(asg *gpu.PodAssignment) []sliceGuarantee {
-	var out []sliceGuarantee
+// guaranteesOf is what holds each slice of a pod. A kernel limit or a
+// whole GPU holds whatever happened since the container started (the
+// reconciliation keeps the limits); an MPS slice is held by the server
+// limits in force when its container connected, which the agent recorded
+// then (mpsConnected), or, after the agent restarted, wrote into the pod's
+// condition. Without either, it is assumed to have connected under the
+// whole GPU's limits: never a claim the agent cannot back.
+func (a *Agent) guaranteesOf(pod *v1.Pod, asg *gpu.PodAssignment) []gpu.SliceGuarantee {
+	var recorded []gpu.SliceGuarantee
+	for _, c := range pod.Status.Conditions {
+		if c.Type == ConditionGPUIsolation {
+			recorded, _ = gpu.ParseSliceGuarantees(c.Message)
+		}
+	}
+	var out []gpu.SliceGuarantee
 	for _, c := range asg.Containers {
 		for _, g := range c.GPUs {
-			out = append(out, sliceGuarantee{Container: c.Name, GPU: g.UUID, Guarantee: gpu.GuaranteeOf(c.Mode, g, a.offer(g.UUID), a.serverLimits(g.UUID))})
+			server := gpu.MPSServerLimits{ThreadPercent: 100}
+			held := gpu.GuaranteeOf(c.Mode, g, a.offer(g.UUID), server)
+			if c.Mode == gpu.ModeMPS {
+				if l, ok := a.mpsConnectedUnder(pod.UID, g.UUID); ok {
+					held = gpu.GuaranteeOf(c.Mode, g, a.offer(g.UUID), l)
+				} else if i := slices.IndexFunc(recorded, func(r gpu.SliceGuarantee) bool { return r.Container == c.Name && r.GPU == g.UUID }); i >= 0 {
+					held = recorded[i].Guarantee
+				}
+			}
+			out = append(out, gpu.SliceGuarantee{Container: c.Name, GPU: g.UUID, Guarantee: held})
 		}
 	}
 	return out
 }
 
+// mpsConnectedUnder is the GPU's server limits when the pod's container
+// started on it, as recorded.
+func (a *Agent) mpsConnectedUnder(uid types.UID, uuid string) (gpu.MPSServerLimits, bool) {
+	a.isoMu.Lock()
+	defer a.isoMu.Unlock()
+	l, ok := a.mpsConnected[uid][uuid]
+	return l, ok
+}
+
 // isolationCondition is the pod condition for its slices' guarantees.
-func isolationCondition(gs []sliceGuarantee, now time.Time) v1.PodCondition {
+func isolationCondition(gs []gpu.SliceGuarantee, now time.Time) v1.PodCondition {
 	status, reason := v1.ConditionTrue, "Enforced"
-	parts := make([]string, 0, len(gs))
 	for _, g := range gs {
 		if !g.Memory.Enforced() || !g.Compute.Enforced() {
 			status, reason = v1.ConditionFalse, "PartlyAccounted"
 		}
-		parts = append(parts, fmt.Sprintf("%s on %s: %s", g.Container, g.GPU, g.Guarantee))
 	}
-	sort.Strings(parts)
-	msg := strings.Join(parts, "; ")
+	msg := gpu.FormatSliceGuarantees(gs)
 	if status == v1.ConditionFalse {
 		msg += " (none: accounted by the scheduler, not held; mps-client: held only for a client that keeps its CUDA_MPS_* variables)"
 	}
@@ -322,7 +349,7 @@ func (a *Agent) reportIsolation(ctx context.Context, pod *v1.Pod) {
 	if err != nil || asg == nil {
 		return
 	}
-	cond := isolationCondition(a.guaranteesOf(asg), time.Now())
+	cond := isolationCondition(a.guaranteesOf(pod, asg), time.Now())
 	for _, c := range pod.Status.Conditions {
 		if c.Type == cond.Type && c.Status == cond.Status && c.Message == cond.Message {
 			return
@@ -345,6 +372,7 @@ func (a *Agent) reconcileIsolation(ctx context.Context) {
 	a.checkDriver(ctx)
 	logger := klog.FromContext(ctx)
 	pods := a.activePods(nil)
+	a.forgetEndedMPSClients(pods)
 	if a.MPS != nil {
 		for _, d := range a.devices {
 			if d.MIGEnabled {
@@ -376,6 +404,22 @@ func (a *Agent) reconcileIsolation(ctx context.Context) {
 	}
 }
 
+// forgetEndedMPSClients drops the connect-time limits of pods no longer
+// active.
+func (a *Agent) forgetEndedMPSClients(pods []activePod) {
+	active := make(map[types.UID]bool, len(pods))
+	for _, p := range pods {
+		active[p.pod.UID] = true
+	}
+	a.isoMu.Lock()
+	defer a.isoMu.Unlock()
+	for uid := range a.mpsConnected {
+		if !active[uid] {
+			delete(a.mpsConnected, uid)
+		}
+	}
+}
+
 // isolationCollector exports, per slice and dimension, the mechanism that
 // holds it: tessera_slice_isolation{…, dimension, mechanism} 1.
 type isolationCollector struct{ a *Agent }
@@ -388,7 +432,7 @@ func (c isolationCollector) Describe(ch chan<- *prometheus.Desc) { ch <- sliceIs
 
 func (c isolationCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, p := range c.a.activePods(nil) {
-		for _, g := range c.a.guaranteesOf(p.asg) {
+		for _, g := range c.a.guaranteesOf(p.pod, p.asg) {
 			for dim, m := range map[string]gpu.Mechanism{"memory": g.Memory, "compute": g.Compute} {
 				ch <- prometheus.MustNewConstMetric(sliceIsolationDesc, prometheus.GaugeValue, 1,
 					c.a.opts.Node, g.GPU, p.pod.Namespace, p.pod.Name, g.Container, dim, string(m))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -236,4 +237,103 @@ func labelsOf(m *dto.Metric) map[string]string {
 		out[l.GetName()] = l.GetValue()
 	}
 	return out
+}
+
+// TestMPSGuaranteesFollowConnectTime: the agent sets each MPS GPU's server
+// to the tightest limits its tenants allow, and claims a tenant is held by
+// the server only when the server's limits when that tenant connected were
+// within its grant — a client keeps the limits it connected under. Run on
+// the MPS stand-in (testdata/fakecontrol), which keeps the limits as MPS
+// documents them.
+func TestMPSGuaranteesFollowConnectTime(t *testing.T) {
+	ctx := context.Background()
+	bin := filepath.Join(t.TempDir(), "nvidia-cuda-mps-control")
+	if out, err := exec.Command("go", "build", "-o", bin, "./mps/testdata/fakecontrol").CombinedOutput(); err != nil {
+		t.Fatalf("building the MPS stand-in: %v\n%s", err, out)
+	}
+	srv := dgxh100.New()
+	nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{} })
+	n := &isolationNode{}
+	a, err := New(Options{Node: "n1", Config: config.Default(), Client: newNode(), NVML: srv, MPS: true, MPSBinary: bin, MPSRoot: t.TempDir(),
+		NodePods: func() []*v1.Pod { n.mu.Lock(); defer n.mu.Unlock(); return append([]*v1.Pod(nil), n.pods...) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.a = a
+	if err := a.MPS.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = a.MPS.Stop(ctx) }()
+	uuid, _ := srv.Devices[0].GetUUID()
+	start := func(name string, cores int, mem int64) gpu.Guarantee {
+		t.Helper()
+		g := gpu.GPUGrant{UUID: uuid, MemoryMiB: mem, CoresPerMille: 10 * cores}
+		p, _ := n.pod(t, name, gpu.ModeMPS, g, false)
+		gs, err := a.isolate(ctx, p, gpu.ContainerAssignment{Name: "main", Mode: gpu.ModeMPS, GPUs: []gpu.GPUGrant{g}})
+		if err != nil || len(gs) != 1 {
+			t.Fatalf("%s: %v, %v", name, gs, err)
+		}
+		return gs[0]
+	}
+	now := func(name string) gpu.Guarantee {
+		t.Helper()
+		for _, p := range a.activePods(nil) {
+			if p.pod.Name == name {
+				return a.guaranteesOf(p.pod, p.asg)[0].Guarantee
+			}
+		}
+		t.Fatalf("%s not active", name)
+		return gpu.Guarantee{}
+	}
+	server := func() gpu.MPSServerLimits { l, _ := a.MPS.ServerLimits(uuid); return l }
+	held := gpu.Guarantee{Memory: gpu.MechanismMPSServer, Compute: gpu.MechanismMPSServer}
+	cooperating := gpu.Guarantee{Memory: gpu.MechanismMPSClient, Compute: gpu.MechanismMPSClient}
+
+	if g := start("small-1", 30, 4096); g != held || server() != (gpu.MPSServerLimits{ThreadPercent: 30, MemoryMiB: 4096}) {
+		t.Fatalf("alone: %v, server %+v; want held by a server at its grant", g, server())
+	}
+	if g := start("big-2", 70, 16384); g != held || server() != (gpu.MPSServerLimits{ThreadPercent: 70, MemoryMiB: 16384}) {
+		t.Fatalf("larger tenant: %v, server %+v; want the server raised to its grant", g, server())
+	}
+	if g := now("small-1"); g != held {
+		t.Errorf("small-1 connected under 30 %%/4 GiB and keeps them: %v, want %v", g, held)
+	}
+	if g := start("mid-3", 50, 8192); g != cooperating {
+		t.Errorf("a tenant below the server's limits: %v, want %v (held only by its variables)", g, cooperating)
+	}
+	// big-2 leaves: the server is lowered for new clients; mid-3 keeps
+	// the 70 % it connected under, so nothing more is claimed for it.
+	n.end("big-2")
+	a.reconcileIsolation(ctx)
+	if got := server(); got != (gpu.MPSServerLimits{ThreadPercent: 50, MemoryMiB: 8192}) {
+		t.Errorf("server after big-2 left: %+v, want 50 %% / 8192 MiB", got)
+	}
+	if g := now("mid-3"); g != cooperating {
+		t.Errorf("mid-3 after the server was lowered: %v, want %v", g, cooperating)
+	}
+	if g := start("late-4", 50, 8192); g != held {
+		t.Errorf("a tenant connecting under the lowered server: %v, want %v", g, held)
+	}
+	if out, err := a.MPS.Control(ctx, uuid, "get_default_active_thread_percentage"); err != nil || out != "50" {
+		t.Errorf("the daemon's default active thread percentage: %q, %v", out, err)
+	}
+
+	// The agent restarts: what it recorded is gone; a pod's condition
+	// carries it, and a pod without one is not claimed held.
+	n.mu.Lock()
+	for _, p := range n.pods {
+		if p.Name == "late-4" {
+			p.Status.Conditions = []v1.PodCondition{{Type: ConditionGPUIsolation, Message: "main on " + uuid + ": memory=mps-server,compute=mps-server"}}
+		}
+	}
+	n.mu.Unlock()
+	a.isoMu.Lock()
+	a.mpsConnected = nil
+	a.isoMu.Unlock()
+	if g := now("late-4"); g != held {
+		t.Errorf("late-4 from its condition after a restart: %v, want %v", g, held)
+	}
+	if g := now("small-1"); g != cooperating {
+		t.Errorf("small-1 without a record after a restart: %v, want %v", g, cooperating)
+	}
 }

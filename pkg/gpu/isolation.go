@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -153,6 +154,78 @@ func MeetsMemoryHard(mode SharingMode, offer IsolationOffer) bool {
 		return true
 	case ModeTimeSlicing:
 		return offer.KernelMemoryLimits
+	}
+	return false
+}
+
+// ConditionIsolation is the type of the pod condition in which the node
+// agent records, when a GPU container starts, what holds each of the pod's
+// slices (FormatSliceGuarantees in its message).
+const ConditionIsolation = "tessera.dev/GPUIsolation"
+
+// SliceGuarantee is what holds one container's slice of one GPU.
+type SliceGuarantee struct {
+	Container string
+	GPU       string
+	Guarantee
+}
+
+// FormatSliceGuarantees is the agent's record of what held a pod's slices
+// when its containers started, as the pod's GPUIsolation condition carries
+// it: "main on GPU-…: memory=kernel,compute=none; …", sorted.
+func FormatSliceGuarantees(gs []SliceGuarantee) string {
+	parts := make([]string, len(gs))
+	for i, g := range gs {
+		parts[i] = fmt.Sprintf("%s on %s: %s", g.Container, g.GPU, g.Guarantee)
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, "; ")
+}
+
+// ParseSliceGuarantees reads FormatSliceGuarantees' text back; anything
+// after it in parentheses (an explanation for people) is ignored.
+func ParseSliceGuarantees(s string) ([]SliceGuarantee, error) {
+	if i := strings.Index(s, " ("); i >= 0 {
+		s = s[:i]
+	}
+	var out []SliceGuarantee
+	for _, part := range strings.Split(s, "; ") {
+		if part == "" {
+			continue
+		}
+		who, held, ok := strings.Cut(part, ": ")
+		container, uuid, ok2 := strings.Cut(who, " on ")
+		if !ok || !ok2 || container == "" || uuid == "" {
+			return nil, invalidf("slice guarantee %s: want \"<container> on <GPU>: memory=…,compute=…\"", Quote(part))
+		}
+		var g Guarantee
+		for _, kv := range strings.Split(held, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			m := Mechanism(v)
+			if !m.known() {
+				return nil, invalidf("slice guarantee %s: unknown mechanism %s", Quote(part), Quote(v))
+			}
+			switch k {
+			case "memory":
+				g.Memory = m
+			case "compute":
+				g.Compute = m
+			default:
+				return nil, invalidf("slice guarantee %s: unknown dimension %s", Quote(part), Quote(k))
+			}
+		}
+		if g.Memory == "" || g.Compute == "" {
+			return nil, invalidf("slice guarantee %s: want both memory and compute", Quote(part))
+		}
+		out = append(out, SliceGuarantee{Container: container, GPU: uuid, Guarantee: g})
+	}
+	return out, nil
+}
+
+func (m Mechanism) known() bool {
+	switch m {
+	case MechanismDevice, MechanismKernel, MechanismMPSServer, MechanismMPSClient, MechanismNone:
+		return true
 	}
 	return false
 }

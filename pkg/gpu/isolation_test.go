@@ -63,3 +63,40 @@ func TestParseIsolation(t *testing.T) {
 		t.Error("ParseIsolation(hard) accepted")
 	}
 }
+
+func TestSliceGuaranteesRoundTrip(t *testing.T) {
+	gs := []SliceGuarantee{
+		{Container: "main", GPU: "GPU-b", Guarantee: Guarantee{Memory: MechanismKernel, Compute: MechanismNone}},
+		{Container: "main", GPU: "GPU-a", Guarantee: Guarantee{Memory: MechanismMPSServer, Compute: MechanismMPSClient}},
+	}
+	text := FormatSliceGuarantees(gs)
+	if want := "main on GPU-a: memory=mps-server,compute=mps-client; main on GPU-b: memory=kernel,compute=none"; text != want {
+		t.Fatalf("format = %q, want %q", text, want)
+	}
+	got, err := ParseSliceGuarantees(text + " (none: accounted by the scheduler, not held)")
+	if err != nil || len(got) != 2 || got[0].GPU != "GPU-a" || got[1].Guarantee != gs[0].Guarantee {
+		t.Fatalf("parse = %+v, %v", got, err)
+	}
+	for _, bad := range []string{"main GPU-a: memory=kernel,compute=none", "main on GPU-a: memory=steel,compute=none", "main on GPU-a: memory=kernel", "main on GPU-a: disk=kernel,compute=none"} {
+		if _, err := ParseSliceGuarantees(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func FuzzParseSliceGuarantees(f *testing.F) {
+	f.Add("main on GPU-a: memory=mps-server,compute=mps-client; side on GPU-b: memory=kernel,compute=none (why)")
+	f.Add("")
+	f.Add("a on b: memory=device,compute=device")
+	f.Fuzz(func(t *testing.T, s string) {
+		gs, err := ParseSliceGuarantees(s)
+		if err != nil {
+			return
+		}
+		// What parses formats to text that parses to the same guarantees.
+		again, err := ParseSliceGuarantees(FormatSliceGuarantees(gs))
+		if err != nil || len(again) != len(gs) {
+			t.Fatalf("%q → %+v → %q → %+v, %v", s, gs, FormatSliceGuarantees(gs), again, err)
+		}
+	})
+}

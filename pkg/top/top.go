@@ -49,6 +49,9 @@ type Tenant struct {
 	// (gpu.GuaranteeOf): device, kernel, mps-server, mps-client or none.
 	Isolation gpu.Guarantee `json:"isolation"`
 	grant     gpu.GPUGrant
+	// recorded is what the agent recorded on the pod when the container
+	// started (its GPUIsolation condition), when it did.
+	recorded *gpu.Guarantee
 	// Live usage, when an agent reported it.
 	Live          bool    `json:"live"`
 	UsedMiB       int64   `json:"usedMiB,omitempty"`
@@ -207,6 +210,12 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 		if p.Spec.Priority != nil {
 			prio = *p.Spec.Priority
 		}
+		var recorded []gpu.SliceGuarantee
+		for _, c := range p.Status.Conditions {
+			if c.Type == gpu.ConditionIsolation {
+				recorded, _ = gpu.ParseSliceGuarantees(c.Message)
+			}
+		}
 		for _, c := range a.Containers {
 			for _, g := range c.GPUs {
 				i, ok := byUUID[g.UUID]
@@ -217,8 +226,14 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 				if c.Mode == gpu.ModeExclusive {
 					mem, cores = snap.GPUs[i].MemoryMiB, 100
 				}
-				snap.GPUs[i].Tenants = append(snap.GPUs[i].Tenants, Tenant{Namespace: p.Namespace, Pod: p.Name, Container: c.Name,
-					Priority: prio, Mode: c.Mode, MemoryMiB: mem, CoresPercent: cores, State: state, grant: g})
+				t := Tenant{Namespace: p.Namespace, Pod: p.Name, Container: c.Name,
+					Priority: prio, Mode: c.Mode, MemoryMiB: mem, CoresPercent: cores, State: state, grant: g}
+				for _, r := range recorded {
+					if r.Container == c.Name && r.GPU == g.UUID {
+						t.recorded = &r.Guarantee
+					}
+				}
+				snap.GPUs[i].Tenants = append(snap.GPUs[i].Tenants, t)
 			}
 		}
 	}
@@ -245,19 +260,19 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 	return snap, nil
 }
 
-// setIsolation fills each tenant's guarantee: the MPS server limits are the
-// ones the agent sets for the GPU's MPS tenants (gpu.MPSServerLimitsFor).
+// setIsolation fills each tenant's guarantee: what its agent recorded on
+// the pod when the container started, else the agent's rule on the GPU's
+// offer. An MPS slice depends on the server's limits when its client
+// connected, which only the agent knows: without its record, it is taken
+// to have connected under the whole GPU's.
 func setIsolation(g *GPU) {
-	var mps []gpu.GPUGrant
-	for _, t := range g.Tenants {
-		if t.Mode == gpu.ModeMPS {
-			mps = append(mps, t.grant)
-		}
-	}
-	server := gpu.MPSServerLimitsFor(mps)
 	for i := range g.Tenants {
 		t := &g.Tenants[i]
-		t.Isolation = gpu.GuaranteeOf(t.Mode, t.grant, g.Offer, server)
+		if t.recorded != nil {
+			t.Isolation = *t.recorded
+			continue
+		}
+		t.Isolation = gpu.GuaranteeOf(t.Mode, t.grant, g.Offer, gpu.MPSServerLimits{ThreadPercent: 100})
 	}
 }
 

@@ -99,9 +99,14 @@ func TestCollectAndRender(t *testing.T) {
 		return &gpu.PodAssignment{Node: "node-2", Containers: []gpu.ContainerAssignment{{Name: "main", Mode: gpu.ModeMPS,
 			GPUs: []gpu.GPUGrant{{UUID: "GPU-a", Index: 0, MemoryMiB: mem, CoresPerMille: cores}}}}}
 	}
+	// The agent recorded the batch pod's slice held by the server (the
+	// server at its 30 % / 16 GiB grant); infer has no record yet.
+	batch := gpuPod("batch", "node-2", mps(16384, 300), map[string]string{preemption.AnnotationNotice: `{"preemptor":"ns/x"}`})
+	batch.Status.Conditions = append(batch.Status.Conditions, v1.PodCondition{Type: gpu.ConditionIsolation, Status: v1.ConditionTrue,
+		Message: "main on GPU-a: memory=mps-server,compute=mps-server"})
 	client := fake.NewClientset(node,
 		gpuPod("infer", "node-2", mps(8192, 200), nil),
-		gpuPod("batch", "node-2", mps(16384, 300), map[string]string{preemption.AnnotationNotice: `{"preemptor":"ns/x"}`}),
+		batch,
 		gpuPod("waiting", "", nil, nil))
 	snap, err := Collect(context.Background(), client)
 	if err != nil {
@@ -122,8 +127,8 @@ func TestCollectAndRender(t *testing.T) {
 		"node-2  0    H100 80GB HBM3  mps", "2/8", "24576/81920", "50%",
 		"ns/infer/main", "4096", "17%",
 		"ns/batch/main", "Preempting",
-		// The server is held to the larger tenant's grant (30 %, 16 GiB):
-		// batch is held by it, infer only while it keeps its variables.
+		// batch as its agent recorded; infer, without a record, only by
+		// its variables.
 		"8192   20%    mps-client/mps-client", "16384  30%    mps-server/mps-server",
 		"free (unhealthy)",
 		"1 GPU pod(s) waiting for a slice",
