@@ -359,6 +359,8 @@ func (a *Agent) reportIsolation(ctx context.Context, pod *v1.Pod) {
 	if err != nil {
 		return
 	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
 	if _, err := a.opts.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
 		klog.FromContext(ctx).Error(err, "Setting the pod's GPU isolation condition failed", "pod", klog.KObj(pod))
 	}

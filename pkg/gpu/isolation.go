@@ -145,19 +145,6 @@ func GuaranteeOf(mode SharingMode, grant GPUGrant, offer IsolationOffer, server 
 	return Guarantee{Memory: MechanismNone, Compute: MechanismNone}
 }
 
-// MeetsMemoryHard says whether a slice of this mode on a GPU with this
-// offer has its memory held by the kernel or the whole device: what
-// tessera.dev/isolation=memory-hard asks for.
-func MeetsMemoryHard(mode SharingMode, offer IsolationOffer) bool {
-	switch mode {
-	case ModeExclusive:
-		return true
-	case ModeTimeSlicing:
-		return offer.KernelMemoryLimits
-	}
-	return false
-}
-
 // ConditionIsolation is the type of the pod condition in which the node
 // agent records, when a GPU container starts, what holds each of the pod's
 // slices (FormatSliceGuarantees in its message).

@@ -456,16 +456,3 @@ func (c *Client) ProbeMemoryLimits(uuid, scratch string) (offered bool, why stri
 	}
 	return true, "", nil
 }
-
-// MinorNumber is the GPU's device-node minor number: /dev/nvidia<minor>.
-func (c *Client) MinorNumber(uuid string) (int, error) {
-	d, ret := c.lib.DeviceGetHandleByUUID(uuid)
-	if ret != gonvml.SUCCESS {
-		return 0, fmt.Errorf("GPU %s: handle: %s", uuid, errorString(c.lib, ret))
-	}
-	m, ret := d.GetMinorNumber()
-	if ret != gonvml.SUCCESS {
-		return 0, fmt.Errorf("GPU %s: minor number: %s", uuid, errorString(c.lib, ret))
-	}
-	return m, nil
-}
