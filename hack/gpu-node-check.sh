@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Reads a GPU node through Tessera's NVML layer and MPS manager (the code the
 # agent runs) and
-# prints nvidia-smi's view beside it, so the two can be compared by eye. It
+# prints nvidia-smi's view beside it, so the two can be compared by eye, then
+# `tessera doctor node`'s findings on the same node (run it as root for the
+# kubelet and runtime checks). It
 # builds only cmd/tessera (no Kubernetes packages): seconds, not minutes.
 # Usage: hack/gpu-node-check.sh [samples]
 set -euo pipefail
@@ -28,3 +30,6 @@ if command -v nvidia-smi >/dev/null; then
 		--format=csv
 	nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory --format=csv || true
 fi
+echo
+echo "== tessera doctor node"
+./bin/tessera doctor node || echo "tessera doctor node exited $? (1: warnings, 2: errors)"

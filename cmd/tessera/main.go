@@ -2,7 +2,8 @@
 // trace through Tessera's allocator and compares scoring policies; `tessera
 // up` runs a local GPU cluster playground; `tessera top` shows who holds
 // which GPU slice; `tessera gpus` reads the node's GPUs through NVML as the
-// agent does.
+// agent does; `tessera doctor` finds what stands between a node or a
+// cluster and working GPU sharing.
 package main
 
 import (
@@ -52,7 +53,7 @@ func newRootCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 		Long: `tessera is the operator's tool for Tessera, fine-grained GPU sharing for
 Kubernetes: replay traces through the allocator (sim), run a local GPU
 cluster (up), see who holds which GPU slice (top), read a node's GPUs as the
-agent does (gpus).`,
+agent does (gpus), find what is wrong and what to do (doctor).`,
 		Version:       version.String("tessera"),
 		SilenceErrors: true,
 		SilenceUsage:  true,
@@ -65,6 +66,7 @@ agent does (gpus).`,
 		newUpCmd(stdout, stderr, code),
 		newTopCmd(stdout, stderr, code),
 		newGPUsCmd(stdout, stderr, code),
+		newDoctorCmd(stdout, stderr, code),
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print the version",

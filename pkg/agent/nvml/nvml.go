@@ -343,6 +343,36 @@ func (c *Client) Processes(uuid string) ([]uint32, error) {
 	return out, nil
 }
 
+// PersistenceMode says whether the driver stays loaded with no client
+// (nvidia-persistenced or persistence mode on): without it, the driver
+// unloads between jobs and loses the GPU's settings (compute mode, MPS).
+func (c *Client) PersistenceMode(uuid string) (bool, error) {
+	d, ret := c.lib.DeviceGetHandleByUUID(uuid)
+	if ret != gonvml.SUCCESS {
+		return false, fmt.Errorf("GPU %s: handle: %s", uuid, errorString(c.lib, ret))
+	}
+	m, ret := d.GetPersistenceMode()
+	if ret != gonvml.SUCCESS {
+		return false, fmt.Errorf("GPU %s: persistence mode: %s", uuid, errorString(c.lib, ret))
+	}
+	return m == gonvml.FEATURE_ENABLED, nil
+}
+
+// MemoryLimitsOffered says, without setting anything, whether the driver
+// offers per-cgroup memory limits on a GPU: it reads the limits of cgroup
+// (an existing one, the hierarchy's root for instance). NOT_SUPPORTED is
+// the answer no; the other errors are errors.
+func (c *Client) MemoryLimitsOffered(uuid, cgroup string) (bool, error) {
+	_, _, err := c.GetMemoryLimits(uuid, cgroup)
+	switch {
+	case errors.Is(err, ErrNotSupported):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return true, nil
+}
+
 // DriverVersion is the NVIDIA driver's version ("580.65.06") and the CUDA
 // driver API version it implements (12090 for 12.9).
 func (c *Client) DriverVersion() (driver string, cuda int, err error) {

@@ -31,6 +31,8 @@ type Reading struct {
 	// calls answer NOT_SUPPORTED, as a driver without the feature does.
 	KernelLimits bool
 	Limits       *CgroupLimits
+	// PersistenceOff makes GetPersistenceMode answer disabled.
+	PersistenceOff bool
 }
 
 // Install sets the readings on a go-nvml whole-server mock (dgxa100,
@@ -51,6 +53,12 @@ func Install(srv *server.Server, r func(i int) *Reading) {
 		}
 		d.GetComputeModeFunc = func() (gonvml.ComputeMode, gonvml.Return) { return rd.ComputeMode, gonvml.SUCCESS }
 		d.SetComputeModeFunc = func(m gonvml.ComputeMode) gonvml.Return { rd.ComputeMode = m; return gonvml.SUCCESS }
+		d.GetPersistenceModeFunc = func() (gonvml.EnableState, gonvml.Return) {
+			if rd.PersistenceOff {
+				return gonvml.FEATURE_DISABLED, gonvml.SUCCESS
+			}
+			return gonvml.FEATURE_ENABLED, gonvml.SUCCESS
+		}
 		total := d.MemoryInfo.Total
 		d.GetMemoryInfoFunc = func() (gonvml.Memory, gonvml.Return) {
 			if rd.Lost {

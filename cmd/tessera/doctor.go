@@ -1,0 +1,104 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/tessera-gpu/tessera/pkg/doctor"
+)
+
+func newDoctorCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "doctor",
+		Short: "Find what stands between a node or a cluster and working GPU sharing, and say what to do",
+		Long: `tessera doctor checks a GPU node (doctor node) or a cluster (doctor cluster)
+and prints each finding with its severity, the evidence read and a remedy,
+worst first. The exit code is the worst severity: 0 ok or info, 1 warning,
+2 error.`,
+	}
+	cmd.AddCommand(newDoctorNodeCmd(stdout, stderr, code))
+	return cmd
+}
+
+type doctorOutput struct {
+	format  string
+	timeout time.Duration
+}
+
+func (o *doctorOutput) bind(cmd *cobra.Command) {
+	cmd.Flags().StringVarP(&o.format, "output", "o", "table", "table (for people) or json")
+	cmd.Flags().DurationVar(&o.timeout, "timeout", 10*time.Second, "how long each check may take")
+}
+
+func (o *doctorOutput) validate() error {
+	if o.format != "table" && o.format != "json" {
+		return fmt.Errorf("--output %q: want table or json", o.format)
+	}
+	if o.timeout <= 0 {
+		return fmt.Errorf("--timeout %v: want a positive duration", o.timeout)
+	}
+	return nil
+}
+
+// write prints the findings and returns the exit code.
+func (o *doctorOutput) write(stdout, stderr io.Writer, fs []doctor.Finding) int {
+	var err error
+	if o.format == "json" {
+		err = doctor.WriteJSON(stdout, fs)
+	} else {
+		f, isFile := stdout.(*os.File)
+		err = doctor.Render(stdout, fs, isFile && term.IsTerminal(int(f.Fd())))
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "tessera doctor: %v\n", err)
+		return exitError
+	}
+	return doctor.ExitCode(fs)
+}
+
+func newDoctorNodeCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
+	var (
+		out  doctorOutput
+		root string
+		mps  bool
+	)
+	cmd := &cobra.Command{
+		Use:   "node",
+		Short: "Check this GPU node: kernel, driver, GPUs, isolation, MPS, kubelet, container runtime",
+		Long: `Checks this GPU node as tessera-agent needs it: the kernel and cgroup v2, the
+NVIDIA driver and what it offers (MPS client limits, per-cgroup memory
+limits, time-slice classes), every GPU's persistence, MIG and compute mode,
+the MPS daemons, kubelet (sockets, Tessera's registration, settings that no
+longer exist), the container runtime's CDI and the NVIDIA container toolkit,
+and leftovers. It reads only; run it as root on the node (or in a pod with
+the host's / mounted at --root and NVML from the NVIDIA runtime).`,
+		Args: cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			if err := out.validate(); err != nil {
+				return err
+			}
+			if st, err := os.Stat(root); err != nil || !st.IsDir() {
+				return fmt.Errorf("--root %q: not a directory", root)
+			}
+			o := doctor.NodeOptions{MPS: mps}
+			fsys := os.DirFS(root)
+			if !c.Flags().Changed("mps") {
+				// The agent's MPS directories say whether it runs MPS.
+				o.MPS = doctor.AgentRunsMPS(fsys)
+			}
+			findings := doctor.DiagnoseNode(context.Background(), fsys, newNVML(), nil, o, out.timeout)
+			*code = out.write(stdout, stderr, findings)
+			return nil
+		},
+	}
+	out.bind(cmd)
+	cmd.Flags().StringVar(&root, "root", "/", "the node's root file system (its /proc, /sys, /etc, /var/lib/kubelet)")
+	cmd.Flags().BoolVar(&mps, "mps", false, "the node runs MPS (default: whether tessera-agent's MPS directories exist under /run/tessera/mps)")
+	return cmd
+}
