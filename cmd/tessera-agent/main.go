@@ -74,6 +74,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		noticeRoot   = fs.String("preemption-dir", "/run/tessera/preemption", "holds each pod's preemption notice directory, mounted into its GPU containers (empty: no preemption notices)")
 		cgroupRoot   = fs.String("cgroup-root", "/sys/fs/cgroup", "the host's cgroup v2 hierarchy, where pods' kernel GPU memory limits are set (empty: none are set, and the inventory says so)")
 		driverRoot   = fs.String("driver-root", "/", "where the NVIDIA driver's files are, at the same paths as on the host; NVIDIA's CDI generator puts its device nodes and libraries into every slot spec (empty: GPU containers rest on NVIDIA_VISIBLE_DEVICES)")
+		namespace    = fs.String("namespace", envOr("POD_NAMESPACE", "tessera-system"), "the namespace of the agent's heartbeat Lease (default $POD_NAMESPACE, else tessera-system)")
 		cdiHook      = fs.String("cdi-hook", "", "nvidia-cdi-hook on the host (the NVIDIA container toolkit's default, /usr/bin/nvidia-cdi-hook, when empty)")
 	)
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
@@ -138,7 +139,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		MPS: *useMPS, MPSBinary: *mpsBinary, MPSRoot: *mpsRoot, SchedulerNames: schedulerNames,
 		Holder: deviceplugin.PodResourcesHolder{Client: podresourcesapi.NewPodResourcesListerClient(conn)},
 		Pods:   nodePods.Get, CDIDir: *cdiDir, ProcRoot: *procRoot, NodePods: nodePods.List, AssignmentChanges: nodePods.Changes, NoticeRoot: *noticeRoot,
-		NvidiaSMI: *nvidiaSMI, CgroupRoot: *cgroupRoot, DriverRoot: *driverRoot, CDIHookPath: *cdiHook,
+		NvidiaSMI: *nvidiaSMI, CgroupRoot: *cgroupRoot, DriverRoot: *driverRoot, CDIHookPath: *cdiHook, Namespace: *namespace,
 	})
 	switch {
 	case errors.Is(err, nvml.ErrNoDriver):
@@ -166,4 +167,12 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 		return nil, fmt.Errorf("not in a cluster and no --kubeconfig: %w", err)
 	}
 	return c, nil
+}
+
+// envOr is the variable's value, or def when it is unset or empty.
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }

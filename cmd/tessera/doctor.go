@@ -2,13 +2,16 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/pkg/doctor"
 )
@@ -22,8 +25,72 @@ and prints each finding with its severity, the evidence read and a remedy,
 worst first. The exit code is the worst severity: 0 ok or info, 1 warning,
 2 error.`,
 	}
-	cmd.AddCommand(newDoctorNodeCmd(stdout, stderr, code))
+	cmd.AddCommand(newDoctorNodeCmd(stdout, stderr, code), newDoctorClusterCmd(stdout, stderr, code))
 	return cmd
+}
+
+func newDoctorClusterCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
+	var (
+		out       doctorOutput
+		o         clusterDoctorOptions
+		agents    []string
+		insecure  bool
+		threshold float64
+	)
+	cmd := &cobra.Command{
+		Use:   "cluster",
+		Short: "Check a cluster: scheduler, agents, pending and refused GPU pods, GPU out-of-memory, stalls, admission policies",
+		Long: `Checks a cluster running Tessera: tessera-scheduler leading (its p99
+scheduling latency with --scheduler-metrics), an agent with a live heartbeat
+and a readable inventory on every GPU node, GPU pods waiting (grouped by the
+scheduler's reason) or refused their GPUs by an agent, GPU containers that
+ran out of GPU memory (with the slice they had and what held it), GPUs
+whose stall ratio is above the threshold, and the admission policies
+installed and bound. It reads only what get/list on nodes, pods, events,
+leases and admission policies allows.`,
+		Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if err := out.validate(); err != nil {
+				return err
+			}
+			if threshold <= 0 || threshold >= 1 {
+				return fmt.Errorf("--stall-threshold %v: want a fraction between 0 and 1", threshold)
+			}
+			cfg, err := o.restConfig()
+			if err != nil {
+				return err
+			}
+			client, err := kubernetes.NewForConfig(cfg)
+			if err != nil {
+				return err
+			}
+			opts := o.ClusterOptions
+			opts.AgentMetrics, opts.StallThreshold = agents, threshold
+			opts.HTTP = &http.Client{Timeout: out.timeout}
+			if insecure {
+				opts.HTTP.Transport = &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}} //nolint:gosec // asked for, for self-signed metrics endpoints
+			}
+			findings := doctor.DiagnoseCluster(context.Background(), client, opts, out.timeout)
+			*code = out.write(stdout, stderr, findings)
+			return nil
+		},
+	}
+	out.bind(cmd)
+	o.clusterFlags = bindClusterFlags(cmd.Flags())
+	cmd.Flags().StringVar(&o.Namespace, "tessera-namespace", "tessera-system", "Tessera's namespace (the agents' heartbeats, the components' pods)")
+	cmd.Flags().StringVar(&o.LeaseNamespace, "lease-namespace", "kube-system", "the namespace of tessera-scheduler's leader Lease (the chart's scheduler.leaseNamespace)")
+	cmd.Flags().StringVar(&o.SchedulerMetrics, "scheduler-metrics", "", "tessera-scheduler's metrics URL, for its scheduling latency (tessera up prints it)")
+	cmd.Flags().StringSliceVar(&agents, "metrics", nil, "agents' metrics URLs (default: the tessera-agent pods, through the API server's proxy)")
+	cmd.Flags().BoolVar(&insecure, "insecure-metrics", false, "do not verify the metrics endpoints' TLS certificates (the scheduler's is self-signed by default)")
+	cmd.Flags().Float64Var(&threshold, "stall-threshold", 0.15, "report GPUs whose stall ratio is above this fraction")
+	return cmd
+}
+
+// clusterDoctorOptions are doctor cluster's options and how to reach the
+// cluster.
+type clusterDoctorOptions struct {
+	doctor.ClusterOptions
+	*clusterFlags
 }
 
 type doctorOutput struct {

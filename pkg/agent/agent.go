@@ -107,6 +107,13 @@ type Options struct {
 	// IsolationEvery is how often kernel memory limits and MPS server
 	// limits follow the GPUs' tenants (10 s when zero).
 	IsolationEvery time.Duration
+	// Namespace holds the agent's heartbeat Lease (inventory.Heartbeat);
+	// empty sends none.
+	Namespace string
+	// HeartbeatEvery is how often the Lease is renewed
+	// (inventory.HeartbeatEvery when zero); it vouches for four times
+	// that.
+	HeartbeatEvery time.Duration
 }
 
 // Agent is one node's agent.
@@ -638,6 +645,17 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 		go a.reportAssignmentChanges(ctx)
 	}
 	go a.watchOwnNode(ctx)
+	if a.opts.Namespace != "" {
+		beat := a.opts.HeartbeatEvery
+		if beat <= 0 {
+			beat = inventory.HeartbeatEvery
+		}
+		go wait.UntilWithContext(ctx, func(ctx context.Context) {
+			if err := inventory.Heartbeat(ctx, a.opts.Client, a.opts.Namespace, a.opts.Node, time.Now(), 4*beat); err != nil {
+				logger.Error(err, "Heartbeat not renewed; tessera doctor will report this agent as silent")
+			}
+		}, beat)
+	}
 	go wait.UntilWithContext(ctx, a.pruneRefused, 5*time.Second)
 	// At start it also finds limits a crashed agent left behind.
 	every := a.opts.IsolationEvery

@@ -60,7 +60,7 @@ func DiagnoseNode(ctx context.Context, root fs.FS, lib gonvml.Interface, libErr 
 	}
 }
 
-func ok(id, subject, summary, evidence string) Finding {
+func pass(id, subject, summary, evidence string) Finding {
 	return Finding{ID: id, Severity: OK, Subject: subject, Summary: summary, Evidence: evidence}
 }
 
@@ -76,7 +76,7 @@ func checkKernel(f NodeFacts, _ NodeOptions) []Finding {
 		out = append(out, Finding{ID: "kernel.version", Severity: Error, Summary: fmt.Sprintf("kernel %d.%d is older than %d.%d", major, minor, minKernelMajor, minKernelMinor),
 			Evidence: f.KernelRelease, Remedy: "Upgrade the kernel (an LTS of 5.15 or later) so kubelet and the driver's cgroup limits get cgroup v2."})
 	default:
-		out = append(out, ok("kernel.version", "", "kernel "+f.KernelRelease, f.KernelRelease))
+		out = append(out, pass("kernel.version", "", "kernel "+f.KernelRelease, f.KernelRelease))
 	}
 	if f.CgroupErr != nil {
 		out = append(out, Finding{ID: "kernel.cgroup-v2", Severity: Error, Summary: "no cgroup v2 hierarchy at /sys/fs/cgroup",
@@ -84,9 +84,9 @@ func checkKernel(f NodeFacts, _ NodeOptions) []Finding {
 			Remedy:   "Boot with the unified hierarchy (systemd.unified_cgroup_hierarchy=1, the default of current distributions) and set kubelet's cgroupDriver to match the runtime's."})
 		return out
 	}
-	out = append(out, ok("kernel.cgroup-v2", "", "cgroup v2 at /sys/fs/cgroup", strings.Join(f.CgroupControllers, " ")))
+	out = append(out, pass("kernel.cgroup-v2", "", "cgroup v2 at /sys/fs/cgroup", strings.Join(f.CgroupControllers, " ")))
 	if slices.Contains(f.CgroupControllers, "dmem") {
-		out = append(out, ok("kernel.dmem", "", "the kernel has the dmem cgroup controller", strings.Join(f.CgroupControllers, " ")))
+		out = append(out, pass("kernel.dmem", "", "the kernel has the dmem cgroup controller", strings.Join(f.CgroupControllers, " ")))
 	} else {
 		out = append(out, Finding{ID: "kernel.dmem", Severity: Info, Summary: "the kernel has no dmem cgroup controller",
 			Evidence: "controllers: " + strings.Join(f.CgroupControllers, " "),
@@ -114,7 +114,7 @@ func checkDriver(f NodeFacts, _ NodeOptions) []Finding {
 		return []Finding{{ID: "driver.nvml", Severity: Error, Summary: "the NVIDIA driver's NVML could not be read", Evidence: f.NVMLErr.Error(),
 			Remedy: "Install the NVIDIA driver (and load its kernel module: `nvidia-smi` must answer); in a container, run with the NVIDIA runtime and NVIDIA_DRIVER_CAPABILITIES=utility."}}
 	}
-	out := []Finding{ok("driver.version", "", fmt.Sprintf("driver %s, CUDA %s", f.Driver, cudaString(f.CUDA)), f.Driver)}
+	out := []Finding{pass("driver.version", "", fmt.Sprintf("driver %s, CUDA %s", f.Driver, cudaString(f.CUDA)), f.Driver)}
 	if f.CUDA > 0 && f.CUDA < cudaMPSMemoryLimit {
 		out = append(out, Finding{ID: "driver.mps-memory-limit", Severity: Warning,
 			Summary:  fmt.Sprintf("CUDA %s predates MPS client memory limits (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, CUDA 11.5)", cudaString(f.CUDA)),
@@ -149,7 +149,7 @@ func checkGPUs(f NodeFacts, o NodeOptions) []Finding {
 				Evidence: "nvmlDeviceGetPersistenceMode: disabled",
 				Remedy:   "Run nvidia-persistenced (systemctl enable --now nvidia-persistenced): without it the driver unloads between jobs and forgets the GPU's compute mode and MPS settings."})
 		default:
-			out = append(out, ok("gpu.persistence", subject, "persistence mode on", ""))
+			out = append(out, pass("gpu.persistence", subject, "persistence mode on", ""))
 		}
 		if g.MIG {
 			out = append(out, Finding{ID: "gpu.mig", Severity: Info, Subject: subject, Summary: "MIG is enabled: Tessera does not slice this GPU and publishes it unhealthy",
@@ -164,7 +164,7 @@ func checkGPUs(f NodeFacts, o NodeOptions) []Finding {
 			out = append(out, Finding{ID: "gpu.compute-mode", Severity: Warning, Subject: subject, Summary: "compute mode is " + mode + " on a time-sliced node",
 				Evidence: mode, Remedy: "Time-sliced tenants need the default compute mode: nvidia-smi -i N -c DEFAULT (an MPS agent left it exclusive)."})
 		default:
-			out = append(out, ok("gpu.compute-mode", subject, "compute mode "+mode, mode))
+			out = append(out, pass("gpu.compute-mode", subject, "compute mode "+mode, mode))
 		}
 	}
 	return out
@@ -200,7 +200,7 @@ func checkIsolation(f NodeFacts, o NodeOptions) []Finding {
 					Summary: "the driver offers no per-cgroup memory limits: time-sliced slices' memory is accounted, not held", Evidence: "driver " + f.Driver + ": NVML memory limits not supported",
 					Remedy: "Upgrade to a driver whose NVML has nvmlDeviceSetMemoryLimits (R580 or later); pods that need it ask tessera.dev/isolation: memory-hard."})
 			default:
-				out = append(out, ok("isolation.kernel-memory", subject, "NVML per-cgroup memory limits offered", "driver "+f.Driver))
+				out = append(out, pass("isolation.kernel-memory", subject, "NVML per-cgroup memory limits offered", "driver "+f.Driver))
 			}
 		}
 	}
@@ -208,7 +208,7 @@ func checkIsolation(f NodeFacts, o NodeOptions) []Finding {
 		out = append(out, Finding{ID: "isolation.time-slice", Severity: Warning, Summary: "nvidia-smi not found: time-shared GPUs keep the driver's default time slice",
 			Remedy: "Install the driver's utilities (nvidia-utils) or give tessera-agent --nvidia-smi."})
 	} else {
-		out = append(out, ok("isolation.time-slice", "", "time-slice classes can be set", f.NvidiaSMI))
+		out = append(out, pass("isolation.time-slice", "", "time-slice classes can be set", f.NvidiaSMI))
 	}
 	return out
 }
@@ -221,12 +221,12 @@ func checkMPS(f NodeFacts, o NodeOptions) []Finding {
 		return []Finding{{ID: "mps.control", Severity: Error, Summary: "nvidia-cuda-mps-control not found on an MPS node",
 			Remedy: "Install the driver's MPS control program (it ships with the driver's utilities) or give tessera-agent --mps-control; until then no MPS daemon starts."}}
 	}
-	out := []Finding{ok("mps.control", "", "MPS control program found", f.MPSControl)}
+	out := []Finding{pass("mps.control", "", "MPS control program found", f.MPSControl)}
 	running := map[string]bool{}
 	for _, d := range f.MPSDaemons {
 		running[d.UUID] = d.Pipe
 		if d.Pipe {
-			out = append(out, ok("mps.daemon", d.UUID, "MPS daemon up", ""))
+			out = append(out, pass("mps.daemon", d.UUID, "MPS daemon up", ""))
 			continue
 		}
 		out = append(out, Finding{ID: "mps.daemon", Severity: Error, Subject: d.UUID, Summary: "the MPS daemon is not running (no control pipe)",
@@ -263,13 +263,13 @@ func checkKubelet(f NodeFacts, _ NodeOptions) []Finding {
 		out = append(out, Finding{ID: "kubelet.registration", Severity: Error, Summary: "tessera-agent has not registered with kubelet (no tessera-*.sock): GPU pods stay in ContainerCreating or Pending",
 			Remedy: "Check the agent's pod on this node (kubectl -n tessera-system logs ds/tessera-agent) and kubelet's log for \"Got registration request from device plugin\"."})
 	default:
-		out = append(out, ok("kubelet.registration", "", "tessera-agent registered with kubelet", strings.Join(k.TesseraSockets, " ")))
+		out = append(out, pass("kubelet.registration", "", "tessera-agent registered with kubelet", strings.Join(k.TesseraSockets, " ")))
 	}
 	if !k.PodResources {
 		out = append(out, Finding{ID: "kubelet.pod-resources", Severity: Error, Summary: "kubelet's pod-resources socket is missing",
 			Remedy: "tessera-agent maps slots to containers through /var/lib/kubelet/pod-resources/kubelet.sock; restart kubelet, and mount the directory into the agent."})
 	} else {
-		out = append(out, ok("kubelet.pod-resources", "", "pod-resources socket present", "/"+pathPodResources))
+		out = append(out, pass("kubelet.pod-resources", "", "pod-resources socket present", "/"+pathPodResources))
 	}
 	if k.ConfigErr != nil {
 		out = append(out, Finding{ID: "kubelet.config", Severity: Warning, Summary: "kubelet's config file is not valid YAML", Evidence: k.ConfigErr.Error()})
@@ -316,7 +316,7 @@ func checkRuntime(f NodeFacts, _ NodeOptions) []Finding {
 		out = append(out, Finding{ID: "runtime.cdi", Severity: Warning, Summary: "neither containerd's nor CRI-O's config was found, so CDI could not be checked",
 			Remedy: "Tessera's slots are CDI devices: enable CDI in the runtime (containerd enable_cdi, on by default from 2.0; CRI-O has it on)."})
 	case c == nil:
-		out = append(out, ok("runtime.cdi", "", "CRI-O: CDI is on by default", "/"+pathCRIO))
+		out = append(out, pass("runtime.cdi", "", "CRI-O: CDI is on by default", "/"+pathCRIO))
 	case c.Err != nil:
 		out = append(out, Finding{ID: "runtime.cdi", Severity: Warning, Summary: "containerd's config could not be parsed", Evidence: c.Err.Error()})
 	default:
@@ -337,7 +337,7 @@ func checkRuntime(f NodeFacts, _ NodeOptions) []Finding {
 			out = append(out, Finding{ID: "runtime.cdi", Severity: Error, Summary: "containerd does not read /var/run/cdi, where tessera-agent writes the slots' specs",
 				Evidence: "cdi_spec_dirs = " + strings.Join(dirs, ", "), Remedy: `Add "/var/run/cdi" to cdi_spec_dirs and restart containerd.`})
 		default:
-			out = append(out, ok("runtime.cdi", "", "containerd's CDI is on and reads /var/run/cdi", strings.Join(dirs, ", ")))
+			out = append(out, pass("runtime.cdi", "", "containerd's CDI is on and reads /var/run/cdi", strings.Join(dirs, ", ")))
 		}
 	}
 	if f.NvidiaRuntime == "" && f.CDIHook == "" {
@@ -345,7 +345,7 @@ func checkRuntime(f NodeFacts, _ NodeOptions) []Finding {
 			Remedy: "Install nvidia-container-toolkit: tessera-agent gets the driver from it, and the slot specs' hooks are its nvidia-cdi-hook."})
 		return out
 	}
-	out = append(out, ok("runtime.nvidia-toolkit", "", "NVIDIA container toolkit found", f.NvidiaRuntime+" "+f.CDIHook))
+	out = append(out, pass("runtime.nvidia-toolkit", "", "NVIDIA container toolkit found", f.NvidiaRuntime+" "+f.CDIHook))
 	if f.RuntimeConfigErr != nil {
 		out = append(out, Finding{ID: "runtime.nvidia-config", Severity: Warning, Summary: "the NVIDIA runtime's config could not be parsed", Evidence: f.RuntimeConfigErr.Error()})
 	} else if f.RuntimeConfig != nil {
@@ -356,7 +356,7 @@ func checkRuntime(f NodeFacts, _ NodeOptions) []Finding {
 				Evidence: fmt.Sprintf("accept-nvidia-visible-devices-envvar-when-unprivileged = %v (unset is true)", accept || !set),
 				Remedy:   "Set accept-nvidia-visible-devices-envvar-when-unprivileged = false in /etc/nvidia-container-runtime/config.toml; the slot specs name each container's device nodes."})
 		} else {
-			out = append(out, ok("runtime.visible-devices", "", "NVIDIA_VISIBLE_DEVICES from unprivileged containers is ignored", "accept-nvidia-visible-devices-envvar-when-unprivileged = false"))
+			out = append(out, pass("runtime.visible-devices", "", "NVIDIA_VISIBLE_DEVICES from unprivileged containers is ignored", "accept-nvidia-visible-devices-envvar-when-unprivileged = false"))
 		}
 	}
 	return out

@@ -241,7 +241,7 @@ func TestChecksThatCannotRunSaySo(t *testing.T) {
 	got := Run(context.Background(), []Check{
 		{ID: "hangs", Run: func(ctx context.Context) []Finding { <-block; return nil }},
 		{ID: "panics", Run: func(context.Context) []Finding { panic("nil map") }},
-		{ID: "fine", Run: func(context.Context) []Finding { return []Finding{ok("fine", "", "fine", "")} }},
+		{ID: "fine", Run: func(context.Context) []Finding { return []Finding{pass("fine", "", "fine", "")} }},
 	}, 100*time.Millisecond)
 	if len(got) != 3 || got[0].Severity != Warning || got[1].Severity != Warning || got[2].ID != "fine" {
 		t.Fatalf("findings %+v", got)

@@ -49,6 +49,10 @@ const (
 	// AnnotationLeftover leaves the containers' GPU processes behind when
 	// they stop: "process" (until killed) or "unkillable".
 	AnnotationLeftover = "playground.tessera.dev/leftover"
+	// AnnotationExitMessage makes a run-for pod's containers fail (exit 1)
+	// with this termination message instead of succeeding: a workload
+	// that ran out of GPU memory, for one.
+	AnnotationExitMessage = "playground.tessera.dev/exit-message"
 )
 
 // kubelet is the playground's stand-in for one node's kubelet: it registers
@@ -593,6 +597,10 @@ func (k *kubelet) complete(ctx context.Context, uid types.UID) {
 	}
 	pod = pod.DeepCopy()
 	pod.Status.Phase = v1.PodSucceeded
+	code, reason, msg := int32(0), "Completed", pod.Annotations[AnnotationExitMessage]
+	if msg != "" {
+		pod.Status.Phase, code, reason = v1.PodFailed, 1, "Error"
+	}
 	now := metav1.Now()
 	for i := range pod.Status.ContainerStatuses {
 		st := &pod.Status.ContainerStatuses[i]
@@ -600,7 +608,7 @@ func (k *kubelet) complete(ctx context.Context, uid types.UID) {
 		if st.State.Running != nil {
 			started = st.State.Running.StartedAt
 		}
-		st.State = v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", StartedAt: started, FinishedAt: now, ContainerID: st.ContainerID}}
+		st.State = v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: code, Reason: reason, Message: msg, StartedAt: started, FinishedAt: now, ContainerID: st.ContainerID}}
 		st.Ready = false
 	}
 	setCondition(pod, v1.PodReady, v1.ConditionFalse, "PodCompleted")

@@ -45,6 +45,8 @@ type load struct {
 	// limits are each GPU's kernel memory limits per cgroup, as the
 	// driver (580 and later) keeps them.
 	limits []*nvmltest.CgroupLimits
+	// stalled GPUs report their clocks held down by their power cap.
+	stalled map[int]bool
 }
 
 type gpuLoad struct {
@@ -98,6 +100,14 @@ func newLoad(srv *server.Server, procRoot string, firstPID uint32) (*load, error
 		d.GetUtilizationRatesFunc = func() (gonvml.Utilization, gonvml.Return) {
 			used, util := l.usage(i)
 			return gonvml.Utilization{Gpu: util, Memory: uint32(100 * used / total)}, gonvml.SUCCESS
+		}
+		d.GetCurrentClocksEventReasonsFunc = func() (uint64, gonvml.Return) {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			if l.stalled[i] {
+				return gonvml.ClocksEventReasonSwPowerCap, gonvml.SUCCESS
+			}
+			return 0, gonvml.SUCCESS
 		}
 		d.GetTemperatureFunc = func(gonvml.TemperatureSensors) (uint32, gonvml.Return) {
 			_, util := l.usage(i)
@@ -263,4 +273,14 @@ func (l *load) kill(pid uint32) error {
 	}
 	l.endLocked(pid)
 	return nil
+}
+
+// stall sets GPU i's clock event reasons to its power cap, or clears them.
+func (l *load) stall(i int, on bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stalled == nil {
+		l.stalled = map[int]bool{}
+	}
+	l.stalled[i] = on
 }

@@ -127,7 +127,9 @@ type Node struct {
 	metrics *http.Server
 	conn    *grpc.ClientConn
 	cancel  context.CancelFunc
-	done    chan struct{}
+	// stopAgent stops the agent alone; done closes when it has.
+	stopAgent context.CancelFunc
+	done      chan struct{}
 }
 
 // MemoryLimit is the kernel GPU memory limit the driver holds for a pod on
@@ -396,7 +398,7 @@ func (c *Cluster) startNode(ctx context.Context, opts Options, i int, mpsControl
 		Holder: deviceplugin.PodResourcesHolder{Client: podresourcesapi.NewPodResourcesListerClient(n.conn)},
 		Pods:   nodePods.Get, CDIDir: n.CDIDir, ProcRoot: procRoot, NodePods: nodePods.List, AssignmentChanges: nodePods.Changes,
 		NoticeRoot: noticeRoot, Kill: n.load.kill, TimeSlicer: n.TimeSlices,
-		CgroupRoot: n.CgroupRoot, IsolationEvery: time.Second,
+		CgroupRoot: n.CgroupRoot, IsolationEvery: time.Second, Namespace: "tessera-system", HeartbeatEvery: time.Second,
 	})
 	if err != nil {
 		cancel()
@@ -412,13 +414,28 @@ func (c *Cluster) startNode(ctx context.Context, opts Options, i int, mpsControl
 	n.MetricsURL = fmt.Sprintf("http://%s/metrics", l.Addr())
 	n.metrics = &http.Server{Handler: n.agent.MetricsHandler(), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = n.metrics.Serve(l) }()
+	actx, stopAgent := context.WithCancel(nctx)
+	n.stopAgent = stopAgent
 	go func() {
 		defer close(n.done)
-		if err := n.agent.Run(nctx, n.kubelet.pluginDir(), ""); err != nil && nctx.Err() == nil {
+		if err := n.agent.Run(actx, n.kubelet.pluginDir(), ""); err != nil && actx.Err() == nil {
 			klog.FromContext(nctx).Error(err, "Agent stopped")
 		}
 	}()
 	return n, nil
+}
+
+// StopAgent stops the node's agent alone, as a crashed agent pod would
+// leave the node: kubelet runs on, the agent's heartbeat goes silent.
+func (n *Node) StopAgent() {
+	n.stopAgent()
+	<-n.done
+}
+
+// Stall makes GPU index i report its clocks held down by its power cap
+// (on) or not: while it is busy, the agent counts the samples as stalls.
+func (n *Node) Stall(i int, on bool) {
+	n.load.stall(i, on)
 }
 
 // waitNodes waits until every node's inventory is published and its

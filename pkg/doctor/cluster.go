@@ -1,0 +1,601 @@
+package doctor
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/inventory"
+	"github.com/tessera-gpu/tessera/pkg/podgpu"
+)
+
+// ClusterOptions say where Tessera runs and what to read besides the API
+// server.
+type ClusterOptions struct {
+	// Namespace is Tessera's (tessera-system): the agents' heartbeats and
+	// the components' pods.
+	Namespace string
+	// LeaseNamespace holds tessera-scheduler's leader Lease (kube-system).
+	LeaseNamespace string
+	// SchedulerMetrics and AgentMetrics are metrics URLs to read (the
+	// playground prints them); without them the agents are read through
+	// the API server's pod proxy and the scheduler's latency is not.
+	SchedulerMetrics string
+	AgentMetrics     []string
+	// HTTP reads the metrics URLs.
+	HTTP *http.Client
+	// Now is the time the checks judge ages by.
+	Now time.Time
+	// PendingFor is how long a GPU pod may wait before it is a warning.
+	PendingFor time.Duration
+	// StallThreshold is the stall ratio above which a GPU is reported
+	// (the write-up's 15 %).
+	StallThreshold float64
+}
+
+// Policies are the admission policies Tessera ships (deploy/admission-policies.yaml).
+var Policies = []string{"tessera-scheduler-annotations", "tessera-checkpointed", "tessera-gpu-pod-limits", "tessera-gpu-pod-node-name", "tessera-node-inventory"}
+
+// ClusterFacts is what the cluster checks judge.
+type ClusterFacts struct {
+	Nodes     []v1.Node
+	Pods      []v1.Pod
+	Events    []v1.Event
+	Leases    []coordinationv1.Lease // Tessera's namespace and the scheduler's
+	ListErrs  []error
+	Policies  map[string]bool // name → a binding refers to it
+	PolicyErr error
+	// SchedulerMetrics is the scheduler's metric families, nil when not
+	// read; SchedulerErr says why.
+	SchedulerMetrics map[string]*dto.MetricFamily
+	SchedulerErr     error
+	// Stalls are per GPU UUID (with its node) the agents' stall ratio.
+	Stalls    []GPUStall
+	AgentsErr error
+}
+
+// GPUStall is one GPU's tessera_gpu_stall_ratio.
+type GPUStall struct {
+	Node, GPU string
+	Ratio     float64
+}
+
+// GatherCluster reads the cluster's facts.
+func GatherCluster(ctx context.Context, client kubernetes.Interface, o ClusterOptions) ClusterFacts {
+	var f ClusterFacts
+	if nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err != nil {
+		f.ListErrs = append(f.ListErrs, fmt.Errorf("list nodes: %w", err))
+	} else {
+		f.Nodes = nodes.Items
+	}
+	if pods, err := client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{}); err != nil {
+		f.ListErrs = append(f.ListErrs, fmt.Errorf("list pods: %w", err))
+	} else {
+		f.Pods = pods.Items
+	}
+	if evs, err := client.CoreV1().Events(metav1.NamespaceAll).List(ctx, metav1.ListOptions{}); err != nil {
+		f.ListErrs = append(f.ListErrs, fmt.Errorf("list events: %w", err))
+	} else {
+		f.Events = evs.Items
+	}
+	for _, ns := range []string{o.Namespace, o.LeaseNamespace} {
+		if ls, err := client.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{}); err == nil {
+			f.Leases = append(f.Leases, ls.Items...)
+		} else {
+			f.ListErrs = append(f.ListErrs, fmt.Errorf("list leases in %s: %w", ns, err))
+		}
+	}
+	f.Policies = map[string]bool{}
+	if ps, err := client.AdmissionregistrationV1().ValidatingAdmissionPolicies().List(ctx, metav1.ListOptions{}); err != nil {
+		f.PolicyErr = err
+	} else {
+		for _, p := range ps.Items {
+			f.Policies[p.Name] = false
+		}
+		if bs, err := client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().List(ctx, metav1.ListOptions{}); err != nil {
+			f.PolicyErr = err
+		} else {
+			for _, b := range bs.Items {
+				if _, ok := f.Policies[b.Spec.PolicyName]; ok {
+					f.Policies[b.Spec.PolicyName] = true
+				}
+			}
+		}
+	}
+	httpc := o.HTTP
+	if httpc == nil {
+		httpc = &http.Client{Timeout: 10 * time.Second}
+	}
+	if o.SchedulerMetrics != "" {
+		f.SchedulerMetrics, f.SchedulerErr = scrape(ctx, httpc, o.SchedulerMetrics)
+	}
+	var errs []error
+	add := func(mfs map[string]*dto.MetricFamily) {
+		for _, m := range mfs["tessera_gpu_stall_ratio"].GetMetric() {
+			l := labels(m)
+			f.Stalls = append(f.Stalls, GPUStall{Node: l["node"], GPU: l["gpu"], Ratio: m.GetGauge().GetValue()})
+		}
+	}
+	if len(o.AgentMetrics) > 0 {
+		for _, u := range o.AgentMetrics {
+			mfs, err := scrape(ctx, httpc, u)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			add(mfs)
+		}
+	} else {
+		for _, p := range f.Pods {
+			if p.Namespace != o.Namespace || p.Labels["app.kubernetes.io/name"] != "tessera-agent" || p.Status.Phase != v1.PodRunning {
+				continue
+			}
+			body, err := client.CoreV1().Pods(p.Namespace).ProxyGet("http", p.Name, "9400", "metrics", nil).DoRaw(ctx)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("agent %s: %w", p.Name, err))
+				continue
+			}
+			mfs, err := parseMetrics(strings.NewReader(string(body)))
+			if err != nil {
+				errs = append(errs, fmt.Errorf("agent %s: %w", p.Name, err))
+				continue
+			}
+			add(mfs)
+		}
+	}
+	f.AgentsErr = errors.Join(errs...)
+	return f
+}
+
+func scrape(ctx context.Context, c *http.Client, url string) (map[string]*dto.MetricFamily, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return parseMetrics(bufio.NewReader(resp.Body))
+}
+
+func parseMetrics(r io.Reader) (map[string]*dto.MetricFamily, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	return p.TextToMetricFamilies(r)
+}
+
+func labels(m *dto.Metric) map[string]string {
+	out := map[string]string{}
+	for _, l := range m.GetLabel() {
+		out[l.GetName()] = l.GetValue()
+	}
+	return out
+}
+
+// ClusterChecks are the cluster checks over facts already gathered.
+func ClusterChecks(f ClusterFacts, o ClusterOptions) []Check {
+	pure := func(id string, fn func(ClusterFacts, ClusterOptions) []Finding) Check {
+		return Check{ID: id, Run: func(context.Context) []Finding { return fn(f, o) }}
+	}
+	return []Check{
+		pure("api", checkAPI),
+		pure("scheduler", checkScheduler),
+		pure("agents", checkAgents),
+		pure("pending", checkPending),
+		pure("refused", checkRefused),
+		pure("oom", checkOOM),
+		pure("stall", checkStall),
+		pure("policies", checkPolicies),
+	}
+}
+
+// DiagnoseCluster gathers a cluster's facts and runs every cluster check.
+func DiagnoseCluster(ctx context.Context, client kubernetes.Interface, o ClusterOptions, timeout time.Duration) []Finding {
+	if o.Now.IsZero() {
+		o.Now = time.Now()
+	}
+	if o.PendingFor == 0 {
+		o.PendingFor = 5 * time.Minute
+	}
+	if o.StallThreshold == 0 {
+		o.StallThreshold = 0.15
+	}
+	gctx, cancel := context.WithTimeout(ctx, 3*timeout)
+	defer cancel()
+	return Run(ctx, ClusterChecks(GatherCluster(gctx, client, o), o), timeout)
+}
+
+func checkAPI(f ClusterFacts, _ ClusterOptions) []Finding {
+	var out []Finding
+	for _, err := range f.ListErrs {
+		out = append(out, Finding{ID: "api.read", Severity: Warning, Summary: "part of the cluster could not be read, so checks that need it say less",
+			Evidence: err.Error(), Remedy: "Run the doctor as a user who may get and list nodes, pods, events and leases (cluster-wide)."})
+	}
+	return out
+}
+
+func checkScheduler(f ClusterFacts, o ClusterOptions) []Finding {
+	var out []Finding
+	seen := false
+	for _, l := range f.Leases {
+		if l.Name != "tessera-scheduler" || l.Namespace != o.LeaseNamespace {
+			continue
+		}
+		seen = true
+		age, holder := leaseAge(l, o.Now)
+		switch {
+		case age > leaseDuration(l, 15*time.Second)*2:
+			out = append(out, Finding{ID: "scheduler.leader", Severity: Error, Summary: fmt.Sprintf("tessera-scheduler's leader lease was last renewed %v ago: no replica leads, GPU pods are not placed", age.Round(time.Second)),
+				Evidence: "holder " + holder, Remedy: "kubectl -n " + o.Namespace + " get pods -l app.kubernetes.io/name=tessera-scheduler; read the replicas' logs for leader election errors."})
+		default:
+			out = append(out, pass("scheduler.leader", "", "tessera-scheduler leads: "+holder, fmt.Sprintf("renewed %v ago", age.Round(time.Second))))
+		}
+	}
+	running := 0
+	for _, p := range f.Pods {
+		if p.Namespace == o.Namespace && p.Labels["app.kubernetes.io/name"] == "tessera-scheduler" && p.Status.Phase == v1.PodRunning {
+			running++
+		}
+	}
+	if running > 0 {
+		out = append(out, pass("scheduler.pods", "", fmt.Sprintf("%d tessera-scheduler pod(s) running", running), ""))
+	}
+	if f.SchedulerMetrics != nil {
+		seen = true
+		if p99, n, ok := histogramQuantile(f.SchedulerMetrics["scheduler_scheduling_attempt_duration_seconds"], 0.99); ok {
+			sev, remedy := OK, ""
+			if p99 > 1 {
+				sev, remedy = Warning, "Scheduling is slow: look at the pending reasons below, the scheduler's CPU limit, and the percentageOfNodesToScore of its configuration; Tessera's plugin decides in microseconds per node (docs/benchmarks.md)."
+			}
+			out = append(out, Finding{ID: "scheduler.latency", Severity: sev, Summary: fmt.Sprintf("p99 scheduling attempt %s over %d attempts", fmtSeconds(p99), n),
+				Evidence: "scheduler_scheduling_attempt_duration_seconds", Remedy: remedy})
+		} else {
+			out = append(out, pass("scheduler.latency", "", "no scheduling attempts yet", ""))
+		}
+	} else if f.SchedulerErr != nil {
+		out = append(out, Finding{ID: "scheduler.latency", Severity: Warning, Summary: "the scheduler's metrics could not be read", Evidence: f.SchedulerErr.Error()})
+	}
+	if !seen && running == 0 {
+		out = append(out, Finding{ID: "scheduler.leader", Severity: Error, Summary: "tessera-scheduler was not found: no leader lease, no running pod, no metrics given",
+			Remedy: "Install it (helm install … deploy/chart/tessera) or, for a scheduler outside the cluster, pass --scheduler-metrics URL."})
+	}
+	return out
+}
+
+func leaseAge(l coordinationv1.Lease, now time.Time) (time.Duration, string) {
+	holder := "nobody"
+	if l.Spec.HolderIdentity != nil {
+		holder = *l.Spec.HolderIdentity
+	}
+	if l.Spec.RenewTime == nil {
+		return time.Duration(math.MaxInt64), holder
+	}
+	return now.Sub(l.Spec.RenewTime.Time), holder
+}
+
+func leaseDuration(l coordinationv1.Lease, def time.Duration) time.Duration {
+	if l.Spec.LeaseDurationSeconds != nil {
+		return time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
+	}
+	return def
+}
+
+// histogramQuantile estimates q of a histogram family summed over its
+// series, by linear interpolation within the bucket, as PromQL does.
+func histogramQuantile(mf *dto.MetricFamily, q float64) (float64, uint64, bool) {
+	if mf == nil {
+		return 0, 0, false
+	}
+	counts := map[float64]uint64{}
+	var total uint64
+	for _, m := range mf.GetMetric() {
+		h := m.GetHistogram()
+		total += h.GetSampleCount()
+		for _, b := range h.GetBucket() {
+			counts[b.GetUpperBound()] += b.GetCumulativeCount()
+		}
+	}
+	if total == 0 {
+		return 0, 0, false
+	}
+	bounds := make([]float64, 0, len(counts))
+	for b := range counts {
+		bounds = append(bounds, b)
+	}
+	sort.Float64s(bounds)
+	rank := q * float64(total)
+	lower, below := 0.0, uint64(0)
+	for _, b := range bounds {
+		c := counts[b]
+		if float64(c) >= rank {
+			if math.IsInf(b, 1) {
+				return lower, total, true
+			}
+			if c == below {
+				return b, total, true
+			}
+			return lower + (b-lower)*(rank-float64(below))/float64(c-below), total, true
+		}
+		lower, below = b, c
+	}
+	return lower, total, true
+}
+
+func fmtSeconds(s float64) string {
+	return (time.Duration(s * float64(time.Second))).Round(time.Microsecond).String()
+}
+
+// gpuNodes are the nodes that carry an inventory or the GPU label.
+func gpuNodes(f ClusterFacts) []v1.Node {
+	var out []v1.Node
+	for _, n := range f.Nodes {
+		if _, ok := n.Annotations[gpu.AnnotationInventory]; ok || n.Labels["nvidia.com/gpu.present"] == "true" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func checkAgents(f ClusterFacts, o ClusterOptions) []Finding {
+	leases := map[string]coordinationv1.Lease{}
+	for _, l := range f.Leases {
+		if l.Namespace == o.Namespace {
+			leases[l.Name] = l
+		}
+	}
+	nodes := gpuNodes(f)
+	if len(nodes) == 0 {
+		return []Finding{{ID: "agents.present", Severity: Warning, Summary: "no GPU node: no node carries a Tessera inventory or the label nvidia.com/gpu.present=true",
+			Remedy: "Label GPU nodes nvidia.com/gpu.present=true (NVIDIA's GPU feature discovery does) so tessera-agent runs there."}}
+	}
+	var out []Finding
+	for _, n := range nodes {
+		inv, err := inventory.FromNode(&n)
+		switch {
+		case err != nil:
+			out = append(out, Finding{ID: "agents.inventory", Severity: Error, Subject: n.Name, Summary: "the node's GPU inventory is unreadable: the scheduler places nothing there",
+				Evidence: err.Error(), Remedy: "The node's tessera-agent restores it within a second when it runs; if it stays, the agent is down (see agents.heartbeat)."})
+		case inv == nil:
+			out = append(out, Finding{ID: "agents.inventory", Severity: Error, Subject: n.Name, Summary: "a GPU node without a Tessera inventory: tessera-agent has not started there",
+				Remedy: "kubectl -n " + o.Namespace + " get pods -o wide -l app.kubernetes.io/name=tessera-agent; the agent needs the NVIDIA runtime and the node's GPU label."})
+		}
+		l, has := leases[inventory.HeartbeatName(n.Name)]
+		if !has {
+			if inv != nil {
+				out = append(out, Finding{ID: "agents.heartbeat", Severity: Warning, Subject: n.Name, Summary: "the node's agent sends no heartbeat, so whether it still runs is unknown",
+					Remedy: "Agents before this version send none; upgrade tessera-agent."})
+			}
+			continue
+		}
+		age, _ := leaseAge(l, o.Now)
+		if age > leaseDuration(l, inventory.HeartbeatDuration) {
+			out = append(out, Finding{ID: "agents.heartbeat", Severity: Error, Subject: n.Name,
+				Summary:  fmt.Sprintf("tessera-agent has not been heard from for %v: its inventory is stale and starting GPU containers get no slots", age.Round(time.Second)),
+				Evidence: fmt.Sprintf("lease %s/%s renewed %v", l.Namespace, l.Name, l.Spec.RenewTime),
+				Remedy:   "kubectl -n " + o.Namespace + " get pods -o wide --field-selector spec.nodeName=" + n.Name + "; read the agent's log (NVML hung, API server unreachable) or restart it."})
+			continue
+		}
+		if inv != nil {
+			out = append(out, pass("agents.heartbeat", n.Name, fmt.Sprintf("tessera-agent alive, %d GPU(s) published", len(inv.GPUs)), fmt.Sprintf("renewed %v ago", age.Round(time.Second))))
+		}
+	}
+	return out
+}
+
+// checkPending groups the GPU pods waiting for a slice by the scheduler's
+// reason.
+func checkPending(f ClusterFacts, o ClusterOptions) []Finding {
+	type group struct {
+		pods   []string
+		oldest time.Duration
+	}
+	groups := map[string]*group{}
+	for _, p := range f.Pods {
+		if p.Spec.NodeName != "" || !podgpu.WantsGPU(&p) || podgpu.Finished(&p) || p.DeletionTimestamp != nil {
+			continue
+		}
+		reason := "not tried yet"
+		for _, c := range p.Status.Conditions {
+			if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse && c.Message != "" {
+				reason = pendingReason(c.Message)
+			}
+		}
+		g := groups[reason]
+		if g == nil {
+			g = &group{}
+			groups[reason] = g
+		}
+		g.pods = append(g.pods, p.Namespace+"/"+p.Name)
+		g.oldest = max(g.oldest, o.Now.Sub(p.CreationTimestamp.Time))
+	}
+	var out []Finding
+	for _, reason := range sortedKeys(groups) {
+		g := groups[reason]
+		sort.Strings(g.pods)
+		sev := Info
+		if g.oldest > o.PendingFor {
+			sev = Warning
+		}
+		out = append(out, Finding{ID: "pending.gpu-pods", Severity: sev, Subject: reason,
+			Summary:  fmt.Sprintf("%d GPU pod(s) waiting, the oldest for %v", len(g.pods), g.oldest.Round(time.Second)),
+			Evidence: strings.Join(g.pods[:min(5, len(g.pods))], " "),
+			Remedy:   "The reason says what to change: a smaller slice, another sharing mode or GPU model, or more GPUs; `kubectl describe pod` has the full message."})
+	}
+	return out
+}
+
+// pendingReason is the part of the scheduler's message that is the same
+// for every pod short of the same thing: "0/4 nodes are available: 4 no
+// GPU with …" → "no GPU with …", numbers kept.
+func pendingReason(msg string) string {
+	if _, rest, ok := strings.Cut(msg, "are available: "); ok {
+		msg = rest
+	}
+	msg = strings.TrimLeft(msg, "0123456789 ")
+	if i := strings.IndexAny(msg, ".;"); i > 0 {
+		msg = msg[:i]
+	}
+	if len(msg) > 120 {
+		msg = msg[:120] + "…"
+	}
+	return msg
+}
+
+// checkRefused finds GPU pods whose containers the agent refused: the
+// write-up's "pod stuck in ContainerCreating".
+func checkRefused(f ClusterFacts, _ ClusterOptions) []Finding {
+	why := map[string]string{}
+	for _, e := range f.Events {
+		if e.Reason == "GPUSlotsRefused" && e.InvolvedObject.Kind == "Pod" {
+			why[e.InvolvedObject.Namespace+"/"+e.InvolvedObject.Name] = e.Message
+		}
+	}
+	var out []Finding
+	for _, p := range f.Pods {
+		if p.Spec.NodeName == "" || !podgpu.WantsGPU(&p) || podgpu.Finished(&p) || p.Status.Phase == v1.PodRunning {
+			continue
+		}
+		key := p.Namespace + "/" + p.Name
+		msg := why[key]
+		for _, cs := range p.Status.ContainerStatuses {
+			if w := cs.State.Waiting; w != nil && strings.Contains(w.Message, "PreStartContainer") {
+				msg = w.Message
+			}
+		}
+		if msg == "" {
+			continue
+		}
+		out = append(out, Finding{ID: "refused.gpu-pods", Severity: Error, Subject: key, Summary: "the node's tessera-agent refuses the pod its GPUs; it does not start",
+			Evidence: msg,
+			Remedy:   "The message says why: a pod not placed by tessera-scheduler (no assignment, another schedulerName) must be recreated through it; a limit that could not be set points at the node (tessera doctor node)."})
+	}
+	return out
+}
+
+// oomMarks are how CUDA's out-of-memory shows in a container's message.
+var oomMarks = []string{"CUDA_ERROR_OUT_OF_MEMORY", "CUDA out of memory", "cudaErrorMemoryAllocation", "out of memory"}
+
+// checkOOM matches GPU containers that ended out of GPU memory with the
+// slice they were given and what held it.
+func checkOOM(f ClusterFacts, _ ClusterOptions) []Finding {
+	var out []Finding
+	for _, p := range f.Pods {
+		// Finished pods too: a failed one is the case in point.
+		asg, err := podgpu.Assignment(&p)
+		if err != nil || asg == nil || p.Spec.NodeName == "" {
+			continue
+		}
+		var held []gpu.SliceGuarantee
+		for _, c := range p.Status.Conditions {
+			if c.Type == gpu.ConditionIsolation {
+				held, _ = gpu.ParseSliceGuarantees(c.Message)
+			}
+		}
+		for _, cs := range p.Status.ContainerStatuses {
+			msg := ""
+			for _, t := range []*v1.ContainerStateTerminated{cs.State.Terminated, cs.LastTerminationState.Terminated} {
+				if t != nil && containsAny(t.Message+" "+t.Reason, oomMarks) {
+					msg = t.Message
+				}
+			}
+			if msg == "" {
+				continue
+			}
+			for _, c := range asg.Containers {
+				if c.Name != cs.Name {
+					continue
+				}
+				for _, g := range c.GPUs {
+					mech := gpu.MechanismNone
+					for _, h := range held {
+						if h.Container == c.Name && h.GPU == g.UUID {
+							mech = h.Memory
+						}
+					}
+					remedy := "The slice is too small for the workload: ask for more tessera.dev/gpu-memory."
+					if !mech.Enforced() {
+						remedy = "Its memory was not held (" + string(mech) + "): a neighbour on the GPU may have taken it. Ask tessera.dev/isolation: memory-hard, or more tessera.dev/gpu-memory."
+					}
+					out = append(out, Finding{ID: "oom.gpu-containers", Severity: Warning, Subject: p.Namespace + "/" + p.Name + "/" + c.Name,
+						Summary:  fmt.Sprintf("ran out of GPU memory in a %d MiB slice of %s (memory held by %s)", g.MemoryMiB, g.UUID, mech),
+						Evidence: firstLines(msg, 2), Remedy: remedy})
+				}
+			}
+		}
+	}
+	return out
+}
+
+func containsAny(s string, subs []string) bool {
+	for _, x := range subs {
+		if strings.Contains(s, x) {
+			return true
+		}
+	}
+	return false
+}
+
+func checkStall(f ClusterFacts, o ClusterOptions) []Finding {
+	var out []Finding
+	if f.AgentsErr != nil {
+		out = append(out, Finding{ID: "stall.read", Severity: Warning, Summary: "some agents' metrics could not be read, so their GPUs' stalls are unknown", Evidence: f.AgentsErr.Error()})
+	}
+	for _, s := range f.Stalls {
+		if s.Ratio <= o.StallThreshold {
+			continue
+		}
+		out = append(out, Finding{ID: "stall.gpu", Severity: Warning, Subject: s.Node + " " + s.GPU,
+			Summary:  fmt.Sprintf("GPU stalled %.0f%% of its busy samples (above %.0f%%)", 100*s.Ratio, 100*o.StallThreshold),
+			Evidence: "tessera_gpu_stall_ratio", Remedy: "Its clocks are held down by power or heat: check cooling and power caps (nvidia-smi -q -d PERFORMANCE); on a time-sliced GPU with many tenants, the write-up's advice is a longer time slice — fewer tenants does the same."})
+	}
+	return out
+}
+
+func checkPolicies(f ClusterFacts, _ ClusterOptions) []Finding {
+	if f.PolicyErr != nil {
+		return []Finding{{ID: "policies.installed", Severity: Warning, Summary: "the admission policies could not be read", Evidence: f.PolicyErr.Error()}}
+	}
+	var missing, unbound []string
+	for _, p := range Policies {
+		bound, ok := f.Policies[p]
+		switch {
+		case !ok:
+			missing = append(missing, p)
+		case !bound:
+			unbound = append(unbound, p)
+		}
+	}
+	var out []Finding
+	if len(missing) > 0 {
+		out = append(out, Finding{ID: "policies.installed", Severity: Error, Summary: "admission policies missing: tenants can forge their GPU assignment or leave their slice",
+			Evidence: strings.Join(missing, " "), Remedy: "Install the chart with admissionPolicies.enabled=true, or apply deploy/admission-policies.yaml."})
+	}
+	if len(unbound) > 0 {
+		out = append(out, Finding{ID: "policies.bound", Severity: Error, Summary: "admission policies without a binding are not in force",
+			Evidence: strings.Join(unbound, " "), Remedy: "Apply the bindings of deploy/admission-policies.yaml."})
+	}
+	if len(out) == 0 {
+		out = append(out, pass("policies.installed", "", fmt.Sprintf("all %d admission policies installed and bound", len(Policies)), ""))
+	}
+	return out
+}

@@ -1,0 +1,216 @@
+package doctor
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/inventory"
+)
+
+var now = time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+
+func lease(ns, name, holder string, renewed time.Duration, seconds int32) *coordinationv1.Lease {
+	t := metav1.NewMicroTime(now.Add(-renewed))
+	return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &t, LeaseDurationSeconds: &seconds}}
+}
+
+func gpuNode(t *testing.T, name string) *v1.Node {
+	t.Helper()
+	raw, err := gpu.EncodeInventory(&gpu.NodeInventory{Node: name, GPUs: []gpu.Device{{Index: 0, UUID: "GPU-" + name, Model: "H100", MemoryMiB: 81920, Healthy: true, Slices: 8}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{gpu.AnnotationInventory: string(raw)}}}
+}
+
+func gpuPodOn(t *testing.T, name, node string, memMiB int64) *v1.Pod {
+	t.Helper()
+	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: name, CreationTimestamp: metav1.NewTime(now.Add(-10 * time.Minute))},
+		Spec: v1.PodSpec{NodeName: node, SchedulerName: "tessera-scheduler", Containers: []v1.Container{{Name: "main", Resources: v1.ResourceRequirements{
+			Limits: v1.ResourceList{gpu.ResourceGPU: resource.MustParse("1")}}}}}}
+	if node != "" {
+		enc, err := gpu.EncodeAssignment(&gpu.PodAssignment{Node: node, Containers: []gpu.ContainerAssignment{{Name: "main", Mode: gpu.ModeTimeSlicing,
+			GPUs: []gpu.GPUGrant{{UUID: "GPU-" + node, MemoryMiB: memMiB, CoresPerMille: 250}}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Annotations = map[string]string{gpu.AnnotationAssignment: enc}
+	}
+	return p
+}
+
+func policies(bound ...string) []runtime.Object {
+	var out []runtime.Object
+	for _, p := range Policies {
+		out = append(out, &admissionv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: p}})
+	}
+	for _, b := range bound {
+		out = append(out, &admissionv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: b}, Spec: admissionv1.ValidatingAdmissionPolicyBindingSpec{PolicyName: b}})
+	}
+	return out
+}
+
+// TestClusterFaults: each cluster-side fault, on the API objects it leaves,
+// is found with its remedy; a healthy cluster is all ok.
+func TestClusterFaults(t *testing.T) {
+	stallServer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("# TYPE tessera_gpu_stall_ratio gauge\ntessera_gpu_stall_ratio{node=\"n1\",gpu=\"GPU-n1\",index=\"0\"} 0.4\ntessera_gpu_stall_ratio{node=\"n1\",gpu=\"GPU-n2\",index=\"1\"} 0.05\n"))
+	}))
+	defer stallServer.Close()
+	schedServer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte(`# TYPE scheduler_scheduling_attempt_duration_seconds histogram
+scheduler_scheduling_attempt_duration_seconds_bucket{result="scheduled",le="0.001"} 90
+scheduler_scheduling_attempt_duration_seconds_bucket{result="scheduled",le="0.01"} 98
+scheduler_scheduling_attempt_duration_seconds_bucket{result="scheduled",le="2"} 99
+scheduler_scheduling_attempt_duration_seconds_bucket{result="scheduled",le="4"} 100
+scheduler_scheduling_attempt_duration_seconds_bucket{result="scheduled",le="+Inf"} 100
+scheduler_scheduling_attempt_duration_seconds_sum{result="scheduled"} 3
+scheduler_scheduling_attempt_duration_seconds_count{result="scheduled"} 100
+`))
+	}))
+	defer schedServer.Close()
+
+	healthy := func(t *testing.T) []runtime.Object {
+		objs := []runtime.Object{gpuNode(t, "n1"), gpuNode(t, "n2"),
+			lease("tessera-system", inventory.HeartbeatName("n1"), "n1", 3*time.Second, 40),
+			lease("tessera-system", inventory.HeartbeatName("n2"), "n2", 3*time.Second, 40),
+			lease("kube-system", "tessera-scheduler", "sched-0_abc", 2*time.Second, 15)}
+		return append(objs, policies(Policies...)...)
+	}
+	tests := []struct {
+		name string
+		objs func(t *testing.T) []runtime.Object
+		opts func(o *ClusterOptions)
+		id   string
+		sev  Severity
+		want []string
+	}{
+		{name: "healthy", objs: healthy, id: "policies.installed", sev: OK, want: []string{"all 5 admission policies"}},
+		{name: "agent stopped: heartbeat stale",
+			objs: func(t *testing.T) []runtime.Object {
+				return append(healthy(t)[:2], lease("tessera-system", inventory.HeartbeatName("n1"), "n1", 5*time.Minute, 40),
+					lease("tessera-system", inventory.HeartbeatName("n2"), "n2", time.Second, 40))
+			},
+			id: "agents.heartbeat", sev: Error, want: []string{"n1", "not been heard from for 5m0s", "spec.nodeName=n1"}},
+		{name: "a GPU node without inventory",
+			objs: func(t *testing.T) []runtime.Object {
+				return append(healthy(t), &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n3", Labels: map[string]string{"nvidia.com/gpu.present": "true"}}})
+			},
+			id: "agents.inventory", sev: Error, want: []string{"n3", "has not started there"}},
+		{name: "scheduler not leading",
+			objs: func(t *testing.T) []runtime.Object {
+				return append(healthy(t)[:4], lease("kube-system", "tessera-scheduler", "sched-0_abc", 10*time.Minute, 15))
+			},
+			id: "scheduler.leader", sev: Error, want: []string{"last renewed 10m0s ago", "GPU pods are not placed"}},
+		{name: "scheduling too slow", objs: healthy, opts: func(o *ClusterOptions) { o.SchedulerMetrics = schedServer.URL },
+			id: "scheduler.latency", sev: Warning, want: []string{"p99 scheduling attempt 2s over 100 attempts", "percentageOfNodesToScore"}},
+		{name: "pending GPU pods grouped by reason",
+			objs: func(t *testing.T) []runtime.Object {
+				var out []runtime.Object
+				for _, n := range []string{"a", "b"} {
+					p := gpuPodOn(t, "wait-"+n, "", 0)
+					p.Status.Conditions = []v1.PodCondition{{Type: v1.PodScheduled, Status: v1.ConditionFalse, Reason: "Unschedulable",
+						Message: "0/2 nodes are available: 2 no GPU with 12288 MiB and 10% cores free; largest fragment 8192 MiB and 90% cores on GPU 3. preemption: 0/2 nodes are available"}}
+					out = append(out, p)
+				}
+				return append(healthy(t), out...)
+			},
+			id: "pending.gpu-pods", sev: Warning, want: []string{"no GPU with 12288 MiB and 10% cores free", "2 GPU pod(s) waiting, the oldest for 10m0s", "ml/wait-a ml/wait-b"}},
+		{name: "pod stuck in ContainerCreating: refused by the agent",
+			objs: func(t *testing.T) []runtime.Object {
+				p := gpuPodOn(t, "rogue", "n1", 4096)
+				p.Annotations = nil
+				p.Status.Phase = v1.PodPending
+				p.Status.ContainerStatuses = []v1.ContainerStatus{{Name: "main", State: v1.ContainerState{Waiting: &v1.ContainerStateWaiting{Reason: "RunContainerError",
+					Message: "device plugin PreStartContainer rpc failed with err: pod ml/rogue (bound to \"n1\") was not placed here by tessera-scheduler: no Tessera GPU assignment covers this container"}}}}
+				return append(healthy(t), p)
+			},
+			id: "refused.gpu-pods", sev: Error, want: []string{"ml/rogue", "was not placed here by tessera-scheduler", "recreated through it"}},
+		{name: "CUDA_ERROR_OUT_OF_MEMORY on a slice not held",
+			objs: func(t *testing.T) []runtime.Object {
+				p := gpuPodOn(t, "train", "n1", 8192)
+				p.Status.Phase = v1.PodFailed
+				p.Status.Conditions = []v1.PodCondition{{Type: gpu.ConditionIsolation, Status: v1.ConditionFalse, Message: "main on GPU-n1: memory=none,compute=none (none: accounted)"}}
+				p.Status.ContainerStatuses = []v1.ContainerStatus{{Name: "main", State: v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: 1, Reason: "Error",
+					Message: "RuntimeError: CUDA error: CUDA_ERROR_OUT_OF_MEMORY: out of memory"}}}}
+				return append(healthy(t), p)
+			},
+			id: "oom.gpu-containers", sev: Warning, want: []string{"ml/train/main", "8192 MiB slice of GPU-n1 (memory held by none)", "memory-hard"}},
+		{name: "stalled GPU", objs: healthy, opts: func(o *ClusterOptions) { o.AgentMetrics = []string{stallServer.URL} },
+			id: "stall.gpu", sev: Warning, want: []string{"n1 GPU-n1", "stalled 40% of its busy samples", "longer time slice"}},
+		{name: "admission policies missing or unbound",
+			objs: func(t *testing.T) []runtime.Object {
+				objs := healthy(t)[:5]
+				return append(objs, &admissionv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: "tessera-checkpointed"}})
+			},
+			id: "policies.installed", sev: Error, want: []string{"tessera-scheduler-annotations", "forge their GPU assignment"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			client := fake.NewClientset(tt.objs(t)...)
+			o := ClusterOptions{Namespace: "tessera-system", LeaseNamespace: "kube-system", Now: now}
+			if tt.opts != nil {
+				tt.opts(&o)
+			}
+			got := DiagnoseCluster(context.Background(), client, o, 5*time.Second)
+			if tt.name == "healthy" {
+				for _, f := range got {
+					if f.Severity > Info {
+						t.Errorf("healthy cluster: %s %s %s: %s (%s)", f.Severity, f.ID, f.Subject, f.Summary, f.Evidence)
+					}
+				}
+			}
+			var hit *Finding
+			for _, f := range find(got, tt.id) {
+				if f.Severity == tt.sev {
+					hit = &f
+					break
+				}
+			}
+			if hit == nil {
+				t.Fatalf("no %s finding of %s; found %+v", tt.sev, tt.id, got)
+			}
+			text := hit.Subject + "\n" + hit.Summary + "\n" + hit.Evidence + "\n" + hit.Remedy
+			for _, w := range tt.want {
+				if !strings.Contains(text, w) {
+					t.Errorf("%s lacks %q:\n%s", tt.id, w, text)
+				}
+			}
+		})
+	}
+}
+
+func TestHistogramQuantile(t *testing.T) {
+	mfs, err := parseMetrics(strings.NewReader(`# TYPE h histogram
+h_bucket{le="1"} 50
+h_bucket{le="2"} 100
+h_bucket{le="+Inf"} 100
+h_sum 100
+h_count 100
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for q, want := range map[float64]float64{0.5: 1, 0.75: 1.5, 0.99: 1.98} {
+		if got, n, ok := histogramQuantile(mfs["h"], q); !ok || n != 100 || got < want-1e-9 || got > want+1e-9 {
+			t.Errorf("q%.2f = %v (%d, %v), want %v", q, got, n, ok, want)
+		}
+	}
+	if _, _, ok := histogramQuantile(nil, 0.99); ok {
+		t.Error("a missing histogram has a quantile")
+	}
+}
