@@ -89,9 +89,10 @@ func TestShippedAgentManifest(t *testing.T) {
 		created++
 	}
 	// Namespace, ServiceAccount, ClusterRole, ClusterRoleBinding, the
-	// metrics Service and the DaemonSet.
-	if created != 6 {
-		t.Fatalf("created %d objects, want 6", created)
+	// heartbeat Role and RoleBinding, the metrics Service and the
+	// DaemonSet.
+	if created != 8 {
+		t.Fatalf("created %d objects, want 8", created)
 	}
 }
 
