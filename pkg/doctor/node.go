@@ -198,7 +198,7 @@ func checkIsolation(f NodeFacts, o NodeOptions) []Finding {
 			case !g.KernelLimits:
 				out = append(out, Finding{ID: "isolation.kernel-memory", Severity: Info, Subject: subject,
 					Summary: "the driver offers no per-cgroup memory limits: time-sliced slices' memory is accounted, not held", Evidence: "driver " + f.Driver + ": NVML memory limits not supported",
-					Remedy: "Upgrade to a driver whose NVML has nvmlDeviceSetMemoryLimits (R580 or later); pods that need it ask tessera.dev/isolation: memory-hard."})
+					Remedy: "Upgrade to a driver whose NVML has nvmlDeviceSetMemoryLimits (NVML API 13, R580; whether it answers is what counts); pods that need it ask tessera.dev/isolation: memory-hard."})
 			default:
 				out = append(out, pass("isolation.kernel-memory", subject, "NVML per-cgroup memory limits offered", "driver "+f.Driver))
 			}
@@ -246,7 +246,7 @@ func checkMPS(f NodeFacts, o NodeOptions) []Finding {
 // refuses to start with them.
 var removedKubeletGates = map[string]string{
 	"DynamicKubeletConfig": "removed in Kubernetes 1.26",
-	"DevicePlugins":        "GA since 1.10 and removed as a gate",
+	"DevicePlugins":        "GA in Kubernetes 1.26 and removed as a gate in 1.28",
 }
 
 func checkKubelet(f NodeFacts, _ NodeOptions) []Finding {
