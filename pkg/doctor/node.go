@@ -369,15 +369,32 @@ func boolString(b *bool) string {
 	return strconv.FormatBool(*b)
 }
 
-// checkLeftovers reports slot specs while no Tessera plugin is registered:
-// specs of an agent that is gone.
+// checkLeftovers reports what no running container owns: GPU processes
+// outside Kubernetes, and slot specs while no Tessera plugin is registered
+// (an agent that is gone).
 func checkLeftovers(f NodeFacts, _ NodeOptions) []Finding {
-	if len(f.TesseraSpecs) > 0 && len(f.Kubelet.TesseraSockets) == 0 {
-		return []Finding{{ID: "leftovers.cdi-specs", Severity: Warning, Summary: fmt.Sprintf("%d Tessera slot spec(s) in /var/run/cdi with no tessera-agent registered", len(f.TesseraSpecs)),
-			Evidence: strings.Join(f.TesseraSpecs[:min(3, len(f.TesseraSpecs))], " "),
-			Remedy:   "A running agent collects them every 30 s; with Tessera uninstalled, delete /var/run/cdi/tessera-*.json."}}
+	var out []Finding
+	for _, g := range f.GPUs {
+		for _, p := range g.Processes {
+			if p.PodUID != "" {
+				continue
+			}
+			evidence := fmt.Sprintf("pid %d (%s)", p.PID, p.Comm)
+			if p.Err != nil {
+				evidence += ": " + p.Err.Error()
+			}
+			out = append(out, Finding{ID: "leftovers.gpu-processes", Severity: Warning, Subject: fmt.Sprintf("GPU %d %s", g.Index, g.UUID),
+				Summary:  "a CUDA process outside any pod holds this GPU: its memory and time are in no slice's account",
+				Evidence: evidence,
+				Remedy:   "Stop it (kill the pid) or run it as a pod through tessera-scheduler; with MPS, a process outside the agent's daemon also blocks the GPU's exclusive-process mode."})
+		}
 	}
-	return nil
+	if len(f.TesseraSpecs) > 0 && len(f.Kubelet.TesseraSockets) == 0 {
+		out = append(out, Finding{ID: "leftovers.cdi-specs", Severity: Warning, Summary: fmt.Sprintf("%d Tessera slot spec(s) in /var/run/cdi with no tessera-agent registered", len(f.TesseraSpecs)),
+			Evidence: strings.Join(f.TesseraSpecs[:min(3, len(f.TesseraSpecs))], " "),
+			Remedy:   "A running agent collects them every 30 s; with Tessera uninstalled, delete /var/run/cdi/tessera-*.json."})
+	}
+	return out
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -189,6 +189,21 @@ func TestFaultsOfTheSourceWriteUp(t *testing.T) {
 				delete(f, "var/lib/kubelet/device-plugins/tessera-1764745123.sock")
 			},
 			id: "leftovers.cdi-specs", sev: Warning, want: []string{"1 Tessera slot spec(s)", "tessera-*.json"}},
+		{name: "a CUDA process outside any pod",
+			reading: func(i int) *nvmltest.Reading {
+				r := exclusive(i)
+				if i == 1 {
+					r.Procs = []gonvml.ProcessInfo{{Pid: 4242, UsedGpuMemory: 2 << 30}, {Pid: 4343, UsedGpuMemory: 1 << 30}}
+				}
+				return r
+			},
+			break_: func(f fstest.MapFS, _ *server.Server) {
+				f["proc/4242/comm"] = &fstest.MapFile{Data: []byte("python3\n")}
+				f["proc/4242/cgroup"] = &fstest.MapFile{Data: []byte("0::/user.slice/user-1000.slice/session-3.scope\n")}
+				f["proc/4343/comm"] = &fstest.MapFile{Data: []byte("python3\n")}
+				f["proc/4343/cgroup"] = &fstest.MapFile{Data: []byte("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0c6e1a9a_3a9e_4f0e_9a55_6f7b2f2bb1de.slice/cri-containerd-" + strings.Repeat("ab", 32) + ".scope\n")}
+			},
+			id: "leftovers.gpu-processes", sev: Warning, want: []string{"pid 4242 (python3)", "outside any pod", "Stop it"}},
 		{name: "compute mode left default on an MPS node",
 			reading: func(i int) *nvmltest.Reading { r := exclusive(i); r.ComputeMode = gonvml.COMPUTEMODE_DEFAULT; return r },
 			id:      "gpu.compute-mode", sev: Warning, want: []string{"compute mode is default on an MPS node"}},
@@ -287,5 +302,22 @@ func TestOutput(t *testing.T) {
 	}
 	if err := json.Unmarshal(js.Bytes(), &back); err != nil || back.Worst != Error || len(back.Findings) != 3 || back.Findings[0].Severity != Error {
 		t.Fatalf("JSON %s: %+v, %v", js.String(), back, err)
+	}
+}
+
+// TestPodProcessesAreNotLeftovers: a GPU process in a pod's cgroup is a
+// tenant, not a leftover.
+func TestPodProcessesAreNotLeftovers(t *testing.T) {
+	srv := gpus(func(i int) *nvmltest.Reading {
+		r := exclusive(i)
+		r.Procs = []gonvml.ProcessInfo{{Pid: 4343, UsedGpuMemory: 1 << 30}}
+		return r
+	})
+	fsys := healthyNode()
+	mpsDirs(fsys, srv)
+	fsys["proc/4343/comm"] = &fstest.MapFile{Data: []byte("python3\n")}
+	fsys["proc/4343/cgroup"] = &fstest.MapFile{Data: []byte("0::/kubepods.slice/kubepods-pod0c6e1a9a_3a9e_4f0e_9a55_6f7b2f2bb1de.slice/cri-containerd-" + strings.Repeat("ab", 32) + ".scope\n")}
+	if got := find(diagnose(t, fsys, srv, nil, NodeOptions{MPS: true}), "leftovers.gpu-processes"); len(got) != 0 {
+		t.Fatalf("a pod's process reported as a leftover: %+v", got)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
+	"github.com/tessera-gpu/tessera/pkg/agent/tenants"
 )
 
 // Paths on a node, relative to its root (fs.FS paths have no leading /).
@@ -86,6 +87,18 @@ type GPUFacts struct {
 	// KernelLimitsErr when the question could not be asked.
 	KernelLimits    bool
 	KernelLimitsErr error
+	// Processes hold a CUDA context on the GPU.
+	Processes []GPUProcess
+}
+
+// GPUProcess is a process on a GPU and where it runs.
+type GPUProcess struct {
+	PID  uint32
+	Comm string
+	// PodUID is the pod whose cgroup holds it; empty for a process outside
+	// Kubernetes (Err says why when /proc could not be read).
+	PodUID string
+	Err    error
 }
 
 // MPSDaemonFacts is one of the agent's MPS daemons, from its directory.
@@ -136,7 +149,7 @@ func GatherNode(root fs.FS, lib gonvml.Interface, libErr error) NodeFacts {
 	} else {
 		f.CgroupControllers = strings.Fields(string(b))
 	}
-	f.gatherNVML(lib, libErr)
+	f.gatherNVML(root, lib, libErr)
 	f.MPSControl = firstExisting(root, mpsControlPaths)
 	f.NvidiaSMI = firstExisting(root, nvidiaSMIPaths)
 	f.NvidiaRuntime = firstExisting(root, nvidiaRuntimePaths)
@@ -161,7 +174,7 @@ func GatherNode(root fs.FS, lib gonvml.Interface, libErr error) NodeFacts {
 	return f
 }
 
-func (f *NodeFacts) gatherNVML(lib gonvml.Interface, libErr error) {
+func (f *NodeFacts) gatherNVML(root fs.FS, lib gonvml.Interface, libErr error) {
 	if lib == nil {
 		f.NVMLErr = libErr
 		if f.NVMLErr == nil {
@@ -190,8 +203,31 @@ func (f *NodeFacts) gatherNVML(lib gonvml.Interface, libErr error) {
 			g.Persistence = &on
 		}
 		g.KernelLimits, g.KernelLimitsErr = c.MemoryLimitsOffered(d.UUID, "/"+pathCgroupRoot)
+		if pids, err := c.Processes(d.UUID); err == nil {
+			for _, pid := range pids {
+				g.Processes = append(g.Processes, gpuProcess(root, pid))
+			}
+		}
 		f.GPUs = append(f.GPUs, g)
 	}
+}
+
+// gpuProcess reads where a GPU process runs from its /proc entry.
+func gpuProcess(root fs.FS, pid uint32) GPUProcess {
+	p := GPUProcess{PID: pid}
+	dir := path.Join("proc", strconv.FormatUint(uint64(pid), 10))
+	if b, err := fs.ReadFile(root, path.Join(dir, "comm")); err == nil {
+		p.Comm = strings.TrimSpace(string(b))
+	}
+	b, err := fs.ReadFile(root, path.Join(dir, "cgroup"))
+	if err != nil {
+		p.Err = err
+		return p
+	}
+	if ref, err := tenants.ParseCgroup(string(b)); err == nil {
+		p.PodUID = ref.PodUID
+	}
+	return p
 }
 
 func firstExisting(root fs.FS, paths []string) string {
