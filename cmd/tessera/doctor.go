@@ -13,6 +13,7 @@ import (
 	"golang.org/x/term"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/tessera-gpu/tessera/pkg/agent/mps"
 	"github.com/tessera-gpu/tessera/pkg/doctor"
 )
 
@@ -93,6 +94,20 @@ type clusterDoctorOptions struct {
 	*clusterFlags
 }
 
+// mpsQuery asks a GPU's daemon under root through the control program at
+// binary; nil when there is none.
+func mpsQuery(binary, root string, timeout time.Duration) doctor.MPSQuery {
+	if binary == "" {
+		return nil
+	}
+	m := mps.New(mps.Config{Binary: binary, Root: root})
+	return func(uuid, command string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		return m.Control(ctx, uuid, command)
+	}
+}
+
 type doctorOutput struct {
 	format  string
 	timeout time.Duration
@@ -159,7 +174,13 @@ the host's / mounted at --root and NVML from the NVIDIA runtime).`,
 				// The agent's MPS directories say whether it runs MPS.
 				o.MPS = doctor.AgentRunsMPS(fsys)
 			}
-			findings := doctor.DiagnoseNode(context.Background(), fsys, newNVML(), nil, o, out.timeout)
+			var query doctor.MPSQuery
+			if root == "/" {
+				// Ask the agent's daemons through their control program,
+				// as the agent does (read-only commands).
+				query = mpsQuery(doctor.MPSControlPath(fsys), "/run/tessera/mps", out.timeout)
+			}
+			findings := doctor.DiagnoseNode(context.Background(), fsys, newNVML(), nil, query, o, out.timeout)
 			*code = out.write(stdout, stderr, findings)
 			return nil
 		},

@@ -48,9 +48,9 @@ func NodeChecks(f NodeFacts, o NodeOptions) []Check {
 }
 
 // DiagnoseNode gathers a node's facts and runs every node check.
-func DiagnoseNode(ctx context.Context, root fs.FS, lib gonvml.Interface, libErr error, o NodeOptions, timeout time.Duration) []Finding {
+func DiagnoseNode(ctx context.Context, root fs.FS, lib gonvml.Interface, libErr error, query MPSQuery, o NodeOptions, timeout time.Duration) []Finding {
 	gather := make(chan NodeFacts, 1)
-	go func() { gather <- GatherNode(root, lib, libErr) }()
+	go func() { gather <- GatherNode(root, lib, libErr, query) }()
 	select {
 	case f := <-gather:
 		return Run(ctx, NodeChecks(f, o), timeout)
@@ -225,8 +225,24 @@ func checkMPS(f NodeFacts, o NodeOptions) []Finding {
 	running := map[string]bool{}
 	for _, d := range f.MPSDaemons {
 		running[d.UUID] = d.Pipe
-		if d.Pipe {
-			out = append(out, pass("mps.daemon", d.UUID, "MPS daemon up", ""))
+		switch {
+		case d.Pipe && d.QueryErr != nil:
+			out = append(out, Finding{ID: "mps.daemon", Severity: Error, Subject: d.UUID, Summary: "the MPS daemon's pipe is there but it does not answer: MPS clients on this GPU cannot start",
+				Evidence: d.QueryErr.Error() + "\n" + strings.Join(d.LogTail, "\n"),
+				Remedy:   "tessera-agent restarts a daemon that stops answering within 5 s; if this stays, read its log above and the agent's (a driver and MPS control program of different versions keep it down)."})
+			continue
+		case d.Pipe && d.Queried:
+			var servers []string
+			for _, s := range d.Servers {
+				servers = append(servers, fmt.Sprintf("server %s: %d client(s) %s", s.PID, len(s.Clients), strings.Join(s.Clients, " ")))
+			}
+			if len(servers) == 0 {
+				servers = []string{"no server yet (none starts before the first client)"}
+			}
+			out = append(out, pass("mps.daemon", d.UUID, "MPS daemon answers", strings.Join(servers, "; ")))
+			continue
+		case d.Pipe:
+			out = append(out, pass("mps.daemon", d.UUID, "MPS daemon up (its pipe exists; not asked)", ""))
 			continue
 		}
 		out = append(out, Finding{ID: "mps.daemon", Severity: Error, Subject: d.UUID, Summary: "the MPS daemon is not running (no control pipe)",

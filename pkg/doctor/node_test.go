@@ -6,7 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -14,7 +19,9 @@ import (
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/tessera-gpu/tessera/pkg/agent/mps"
 	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
 )
 
@@ -66,7 +73,7 @@ func exclusive(int) *nvmltest.Reading {
 
 func diagnose(t *testing.T, fsys fs.FS, lib gonvml.Interface, libErr error, o NodeOptions) []Finding {
 	t.Helper()
-	return DiagnoseNode(context.Background(), fsys, lib, libErr, o, 10*time.Second)
+	return DiagnoseNode(context.Background(), fsys, lib, libErr, nil, o, 10*time.Second)
 }
 
 // find returns the findings with id (and subject, when given).
@@ -319,5 +326,55 @@ func TestPodProcessesAreNotLeftovers(t *testing.T) {
 	fsys["proc/4343/cgroup"] = &fstest.MapFile{Data: []byte("0::/kubepods.slice/kubepods-pod0c6e1a9a_3a9e_4f0e_9a55_6f7b2f2bb1de.slice/cri-containerd-" + strings.Repeat("ab", 32) + ".scope\n")}
 	if got := find(diagnose(t, fsys, srv, nil, NodeOptions{MPS: true}), "leftovers.gpu-processes"); len(got) != 0 {
 		t.Fatalf("a pod's process reported as a leftover: %+v", got)
+	}
+}
+
+// TestMPSStandInMadeToFail: the doctor asks a GPU's daemon — the MPS
+// stand-in, run by the agent's own MPS manager — for its servers and
+// clients; killed, leaving its pipe behind (the write-up's "MPS will not
+// start" as it looks afterwards), it is an error with its log.
+func TestMPSStandInMadeToFail(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "nvidia-cuda-mps-control")
+	if out, err := exec.Command("go", "build", "-o", bin, "../agent/mps/testdata/fakecontrol").CombinedOutput(); err != nil {
+		t.Fatalf("building the MPS stand-in: %v\n%s", err, out)
+	}
+	srv := gpus(exclusive)
+	uuid, _ := srv.Devices[0].GetUUID()
+	root := t.TempDir()
+	m := mps.New(mps.Config{Binary: bin, Root: root, GPUs: []mps.GPU{{UUID: uuid, DefaultThreadPercentage: 100}}})
+	ctx := context.Background()
+	if err := m.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Stop(ctx) })
+	query := func(u, command string) (string, error) { return m.Control(ctx, u, command) }
+	fsys := healthyNode()
+	mpsDirs(fsys, srv)
+	daemon := func() Finding {
+		t.Helper()
+		for _, f := range find(DiagnoseNode(ctx, fsys, srv, nil, query, NodeOptions{MPS: true}, 10*time.Second), "mps.daemon") {
+			if f.Subject == uuid {
+				return f
+			}
+		}
+		t.Fatal("no mps.daemon finding for GPU 0")
+		return Finding{}
+	}
+	if f := daemon(); f.Severity != OK || !strings.Contains(f.Evidence, "server ") {
+		t.Fatalf("a running daemon: %+v", f)
+	}
+	b, err := os.ReadFile(filepath.Join(m.PipeDir(uuid), "fake.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		return syscall.Kill(pid, 0) != nil, nil
+	})
+	if f := daemon(); f.Severity != Error || !strings.Contains(f.Summary, "does not answer") || !strings.Contains(f.Evidence, "get_server_list") {
+		t.Fatalf("a killed daemon: %+v", f)
 	}
 }

@@ -108,7 +108,22 @@ type MPSDaemonFacts struct {
 	Pipe bool
 	// LogTail is the control log's last lines.
 	LogTail []string
+	// Queried: the daemon was asked for its servers and their clients;
+	// QueryErr is its failure to answer.
+	Queried  bool
+	QueryErr error
+	Servers  []MPSServer
 }
+
+// MPSServer is one MPS server of a daemon and its clients' PIDs.
+type MPSServer struct {
+	PID     string
+	Clients []string
+}
+
+// MPSQuery sends a command to a GPU's MPS daemon through its control
+// program and returns the reply (mps.Manager.Control).
+type MPSQuery func(uuid, command string) (string, error)
 
 // KubeletFacts is what kubelet leaves on the node.
 type KubeletFacts struct {
@@ -136,8 +151,9 @@ type ContainerdFacts struct {
 }
 
 // GatherNode reads a node's facts from root (the node's / as an fs.FS) and
-// lib (the driver's NVML, or nil with libErr saying why there is none).
-func GatherNode(root fs.FS, lib gonvml.Interface, libErr error) NodeFacts {
+// lib (the driver's NVML, or nil with libErr saying why there is none);
+// query, when given, asks each MPS daemon for its servers and clients.
+func GatherNode(root fs.FS, lib gonvml.Interface, libErr error, query MPSQuery) NodeFacts {
 	var f NodeFacts
 	if b, err := fs.ReadFile(root, pathOSRelease); err != nil {
 		f.KernelErr = err
@@ -161,6 +177,11 @@ func GatherNode(root fs.FS, lib gonvml.Interface, libErr error) NodeFacts {
 		}
 	}
 	f.MPSDaemons = gatherMPS(root)
+	if query != nil {
+		for i := range f.MPSDaemons {
+			f.MPSDaemons[i].ask(query)
+		}
+	}
 	f.Kubelet = gatherKubelet(root)
 	if b, err := fs.ReadFile(root, pathContainerd); err == nil {
 		f.Containerd = parseContainerd(b)
@@ -238,6 +259,31 @@ func firstExisting(root fs.FS, paths []string) string {
 	}
 	return ""
 }
+
+// ask queries a daemon whose pipe exists: get_server_list, then each
+// server's get_client_list.
+func (d *MPSDaemonFacts) ask(query MPSQuery) {
+	if !d.Pipe {
+		return
+	}
+	d.Queried = true
+	out, err := query(d.UUID, "get_server_list")
+	if err != nil {
+		d.QueryErr = fmt.Errorf("get_server_list: %w (%s)", err, out)
+		return
+	}
+	for _, pid := range strings.Fields(out) {
+		s := MPSServer{PID: pid}
+		if clients, err := query(d.UUID, "get_client_list "+pid); err == nil {
+			s.Clients = strings.Fields(clients)
+		}
+		d.Servers = append(d.Servers, s)
+	}
+}
+
+// MPSControlPath is the MPS control program on the node under root, empty
+// when none was found.
+func MPSControlPath(root fs.FS) string { return firstExisting(root, mpsControlPaths) }
 
 // AgentRunsMPS says whether tessera-agent runs MPS on the node under root:
 // its MPS directory holds a GPU's daemon directory.
