@@ -495,9 +495,28 @@ func checkRefused(f ClusterFacts, _ ClusterOptions) []Finding {
 // oomMarks are how CUDA's out-of-memory shows in a container's message.
 var oomMarks = []string{"CUDA_ERROR_OUT_OF_MEMORY", "CUDA out of memory", "cudaErrorMemoryAllocation", "out of memory"}
 
-// checkOOM matches GPU containers that ended out of GPU memory with the
-// slice they were given and what held it.
+// checkOOM matches GPU containers that ran out of GPU memory — by their
+// termination message, or an event on their pod — with the slice they were
+// given and what held it.
 func checkOOM(f ClusterFacts, _ ClusterOptions) []Finding {
+	// Events name the pod, and the container in their field path
+	// ("spec.containers{main}") when they know it.
+	type podKey struct{ ns, name string }
+	evOOM := map[podKey]map[string]string{} // pod → container ("" for any) → message
+	for _, e := range f.Events {
+		if e.InvolvedObject.Kind != "Pod" || !containsAny(e.Message, oomMarks) {
+			continue
+		}
+		k := podKey{e.InvolvedObject.Namespace, e.InvolvedObject.Name}
+		if evOOM[k] == nil {
+			evOOM[k] = map[string]string{}
+		}
+		container := strings.TrimSuffix(strings.TrimPrefix(e.InvolvedObject.FieldPath, "spec.containers{"), "}")
+		if container == e.InvolvedObject.FieldPath {
+			container = ""
+		}
+		evOOM[k][container] = e.Message
+	}
 	var out []Finding
 	for _, p := range f.Pods {
 		// Finished pods too: a failed one is the case in point.
@@ -511,8 +530,12 @@ func checkOOM(f ClusterFacts, _ ClusterOptions) []Finding {
 				held, _ = gpu.ParseSliceGuarantees(c.Message)
 			}
 		}
+		events := evOOM[podKey{p.Namespace, p.Name}]
 		for _, cs := range p.Status.ContainerStatuses {
-			msg := ""
+			msg := events[cs.Name]
+			if msg == "" {
+				msg = events[""]
+			}
 			for _, t := range []*v1.ContainerStateTerminated{cs.State.Terminated, cs.LastTerminationState.Terminated} {
 				if t != nil && containsAny(t.Message+" "+t.Reason, oomMarks) {
 					msg = t.Message

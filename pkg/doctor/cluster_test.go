@@ -150,6 +150,18 @@ scheduler_scheduling_attempt_duration_seconds_count{result="scheduled"} 100
 				return append(healthy(t), p)
 			},
 			id: "oom.gpu-containers", sev: Warning, want: []string{"ml/train/main", "8192 MiB slice of GPU-n1 (memory held by none)", "memory-hard"}},
+		{name: "CUDA_ERROR_OUT_OF_MEMORY in an event on a running pod",
+			objs: func(t *testing.T) []runtime.Object {
+				p := gpuPodOn(t, "serve", "n1", 16384)
+				p.Status.Phase = v1.PodRunning
+				p.Status.Conditions = []v1.PodCondition{{Type: gpu.ConditionIsolation, Status: v1.ConditionFalse, Message: "main on GPU-n1: memory=kernel,compute=none"}}
+				p.Status.ContainerStatuses = []v1.ContainerStatus{{Name: "main", State: v1.ContainerState{Running: &v1.ContainerStateRunning{}}}}
+				ev := &v1.Event{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "serve.oom"}, Reason: "ModelLoadFailed",
+					InvolvedObject: v1.ObjectReference{Kind: "Pod", Namespace: "ml", Name: "serve", FieldPath: "spec.containers{main}"},
+					Message:        "loading the model: CUDA_ERROR_OUT_OF_MEMORY"}
+				return append(healthy(t), p, ev)
+			},
+			id: "oom.gpu-containers", sev: Warning, want: []string{"ml/serve/main", "16384 MiB slice", "held by kernel", "too small"}},
 		{name: "stalled GPU", objs: healthy, opts: func(o *ClusterOptions) { o.AgentMetrics = []string{stallServer.URL} },
 			id: "stall.gpu", sev: Warning, want: []string{"n1 GPU-n1", "stalled 40% of its busy samples", "longer time slice"}},
 		{name: "admission policies missing or unbound",
