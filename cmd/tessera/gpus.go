@@ -69,7 +69,7 @@ func newGPUsCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 			var report gpusReport
 			for _, d := range devs {
 				report.GPUs = append(report.GPUs, gpuInfo{Index: d.Index, UUID: d.UUID, Model: d.Model, MemoryMiB: d.MemoryMiB,
-					SMCount: d.SMCount, MIGEnabled: d.MIGEnabled, ComputeMode: computeMode(d.ComputeMode), NVLinkPeers: d.NVLinkPeers, PCIBusID: d.PCIBusID})
+					SMCount: d.SMCount, MIGEnabled: d.MIGEnabled, ComputeMode: nvml.ComputeModeName(d.ComputeMode), NVLinkPeers: d.NVLinkPeers, PCIBusID: d.PCIBusID})
 			}
 			table := stdout
 			if *output != "" {
@@ -78,7 +78,7 @@ func newGPUsCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 			tw := tabwriter.NewWriter(table, 2, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "INDEX\tUUID\tMODEL\tMEMORY MiB\tSMs\tMIG\tCOMPUTE MODE\tNVLINK PEERS")
 			for _, d := range devs {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%v\t%s\t%v\n", d.Index, d.UUID, d.Model, d.MemoryMiB, d.SMCount, d.MIGEnabled, computeMode(d.ComputeMode), d.NVLinkPeers)
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%d\t%v\t%s\t%v\n", d.Index, d.UUID, d.Model, d.MemoryMiB, d.SMCount, d.MIGEnabled, nvml.ComputeModeName(d.ComputeMode), d.NVLinkPeers)
 			}
 			tw.Flush()
 			for i := range *samples {
@@ -184,18 +184,6 @@ func reading(v float64) string {
 		return "n/a"
 	}
 	return fmt.Sprintf("%.0f", v)
-}
-
-func computeMode(m gonvml.ComputeMode) string {
-	switch m {
-	case gonvml.COMPUTEMODE_DEFAULT:
-		return "default"
-	case gonvml.COMPUTEMODE_EXCLUSIVE_PROCESS:
-		return "exclusive-process"
-	case gonvml.COMPUTEMODE_PROHIBITED:
-		return "prohibited"
-	}
-	return fmt.Sprint(int(m))
 }
 
 // gpusReport is `tessera gpus -o json|yaml`: the same readings as the

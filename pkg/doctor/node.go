@@ -10,6 +10,8 @@ import (
 	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
 )
 
 // Versions that bring what Tessera uses, checked against the version that
@@ -155,7 +157,7 @@ func checkGPUs(f NodeFacts, o NodeOptions) []Finding {
 			out = append(out, Finding{ID: "gpu.mig", Severity: Info, Subject: subject, Summary: "MIG is enabled: Tessera does not slice this GPU and publishes it unhealthy",
 				Remedy: "Disable MIG (nvidia-smi -i N -mig 0, then reset the GPU) to share it with Tessera."})
 		}
-		mode := computeModeName(g.ComputeMode)
+		mode := nvml.ComputeModeName(g.ComputeMode)
 		switch {
 		case o.MPS && g.ComputeMode != gonvml.COMPUTEMODE_EXCLUSIVE_PROCESS:
 			out = append(out, Finding{ID: "gpu.compute-mode", Severity: Warning, Subject: subject, Summary: "compute mode is " + mode + " on an MPS node",
@@ -168,20 +170,6 @@ func checkGPUs(f NodeFacts, o NodeOptions) []Finding {
 		}
 	}
 	return out
-}
-
-func computeModeName(m gonvml.ComputeMode) string {
-	switch m {
-	case gonvml.COMPUTEMODE_DEFAULT:
-		return "default"
-	case gonvml.COMPUTEMODE_EXCLUSIVE_THREAD:
-		return "exclusive-thread"
-	case gonvml.COMPUTEMODE_PROHIBITED:
-		return "prohibited"
-	case gonvml.COMPUTEMODE_EXCLUSIVE_PROCESS:
-		return "exclusive-process"
-	}
-	return fmt.Sprintf("compute mode %d", m)
 }
 
 // checkIsolation says which of the mechanisms Tessera uses this node

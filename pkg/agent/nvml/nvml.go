@@ -313,6 +313,21 @@ func (c *Client) sampleDevice(i int, d gonvml.Device) (DeviceUsage, error) {
 	return u, nil
 }
 
+// ComputeModeName is how people name a compute mode (nvidia-smi -c).
+func ComputeModeName(m gonvml.ComputeMode) string {
+	switch m {
+	case gonvml.COMPUTEMODE_DEFAULT:
+		return "default"
+	case gonvml.COMPUTEMODE_EXCLUSIVE_THREAD:
+		return "exclusive-thread"
+	case gonvml.COMPUTEMODE_PROHIBITED:
+		return "prohibited"
+	case gonvml.COMPUTEMODE_EXCLUSIVE_PROCESS:
+		return "exclusive-process"
+	}
+	return fmt.Sprintf("compute mode %d", m)
+}
+
 // SetComputeMode sets a GPU's compute mode (MPS needs exclusive-process).
 func (c *Client) SetComputeMode(uuid string, m gonvml.ComputeMode) error {
 	d, ret := c.lib.DeviceGetHandleByUUID(uuid)
