@@ -54,13 +54,17 @@ var Policies = []string{"tessera-scheduler-annotations", "tessera-checkpointed",
 
 // ClusterFacts is what the cluster checks judge.
 type ClusterFacts struct {
-	Nodes     []v1.Node
-	Pods      []v1.Pod
-	Events    []v1.Event
-	Leases    []coordinationv1.Lease // Tessera's namespace and the scheduler's
-	ListErrs  []error
-	Policies  map[string]bool // name → a binding refers to it
-	PolicyErr error
+	// ServerVersion is the API server's gitVersion ("v1.37.2");
+	// VersionErr says why it is unknown.
+	ServerVersion string
+	VersionErr    error
+	Nodes         []v1.Node
+	Pods          []v1.Pod
+	Events        []v1.Event
+	Leases        []coordinationv1.Lease // Tessera's namespace and the scheduler's
+	ListErrs      []error
+	Policies      map[string]bool // name → a binding refers to it
+	PolicyErr     error
 	// SchedulerMetrics is the scheduler's metric families, nil when not
 	// read; SchedulerErr says why.
 	SchedulerMetrics map[string]*dto.MetricFamily
@@ -79,6 +83,11 @@ type GPUStall struct {
 // GatherCluster reads the cluster's facts.
 func GatherCluster(ctx context.Context, client kubernetes.Interface, o ClusterOptions) ClusterFacts {
 	var f ClusterFacts
+	if v, err := client.Discovery().ServerVersion(); err != nil {
+		f.VersionErr = err
+	} else {
+		f.ServerVersion = v.GitVersion
+	}
 	if nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err != nil {
 		f.ListErrs = append(f.ListErrs, fmt.Errorf("list nodes: %w", err))
 	} else {
@@ -199,6 +208,7 @@ func ClusterChecks(f ClusterFacts, o ClusterOptions) []Check {
 	}
 	return []Check{
 		pure("api", checkAPI),
+		pure("version", checkVersion),
 		pure("scheduler", checkScheduler),
 		pure("agents", checkAgents),
 		pure("pending", checkPending),
@@ -232,6 +242,31 @@ func checkAPI(f ClusterFacts, _ ClusterOptions) []Finding {
 			Evidence: err.Error(), Remedy: "Run the doctor as a user who may get and list nodes, pods, events and leases (cluster-wide)."})
 	}
 	return out
+}
+
+// minKubernetes is the chart's kubeVersion: ValidatingAdmissionPolicy v1
+// with the CEL the shipped policies use, and the kubelet device-plugin API
+// v1beta1 (the write-up's 1.24 is not enough).
+var minKubernetes = [2]int{1, 34}
+
+func checkVersion(f ClusterFacts, _ ClusterOptions) []Finding {
+	if f.VersionErr != nil {
+		return []Finding{{ID: "version.kubernetes", Severity: Warning, Summary: "the API server's version could not be read", Evidence: f.VersionErr.Error()}}
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(strings.TrimPrefix(f.ServerVersion, "v"), "%d.%d", &major, &minor); err != nil {
+		return []Finding{{ID: "version.kubernetes", Severity: Warning, Summary: "the API server's version is not one the doctor reads", Evidence: f.ServerVersion}}
+	}
+	if major == 0 {
+		// A build without release stamps (kube-apiserver run from Go
+		// modules, as the playground does) reports v0.0.0.
+		return []Finding{{ID: "version.kubernetes", Severity: Info, Summary: "the API server reports no release version (an unstamped build), so it was not checked", Evidence: f.ServerVersion}}
+	}
+	if major < minKubernetes[0] || major == minKubernetes[0] && minor < minKubernetes[1] {
+		return []Finding{{ID: "version.kubernetes", Severity: Error, Summary: fmt.Sprintf("Kubernetes %d.%d is older than %d.%d, which Tessera needs", major, minor, minKubernetes[0], minKubernetes[1]),
+			Evidence: f.ServerVersion, Remedy: "Upgrade the cluster: the shipped admission policies need ValidatingAdmissionPolicy v1 and the CEL of 1.34 (helm refuses the chart below its kubeVersion)."}}
+	}
+	return []Finding{pass("version.kubernetes", "", "Kubernetes "+f.ServerVersion, f.ServerVersion)}
 }
 
 func checkScheduler(f ClusterFacts, o ClusterOptions) []Finding {

@@ -14,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/version"
+	fakediscovery "k8s.io/client-go/discovery/fake"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/tessera-gpu/tessera/pkg/gpu"
@@ -92,14 +94,17 @@ scheduler_scheduling_attempt_duration_seconds_count{result="scheduled"} 100
 		return append(objs, policies(Policies...)...)
 	}
 	tests := []struct {
-		name string
-		objs func(t *testing.T) []runtime.Object
-		opts func(o *ClusterOptions)
-		id   string
-		sev  Severity
-		want []string
+		name    string
+		objs    func(t *testing.T) []runtime.Object
+		opts    func(o *ClusterOptions)
+		version string
+		id      string
+		sev     Severity
+		want    []string
 	}{
 		{name: "healthy", objs: healthy, id: "policies.installed", sev: OK, want: []string{"all 5 admission policies"}},
+		{name: "Kubernetes too old (compatibility row: k8s 1.24+)", objs: healthy, version: "v1.29.4",
+			id: "version.kubernetes", sev: Error, want: []string{"Kubernetes 1.29 is older than 1.34", "ValidatingAdmissionPolicy v1"}},
 		{name: "agent stopped: heartbeat stale",
 			objs: func(t *testing.T) []runtime.Object {
 				return append(healthy(t)[:2], lease("tessera-system", inventory.HeartbeatName("n1"), "n1", 5*time.Minute, 40),
@@ -174,6 +179,10 @@ scheduler_scheduling_attempt_duration_seconds_count{result="scheduled"} 100
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			client := fake.NewClientset(tt.objs(t)...)
+			client.Discovery().(*fakediscovery.FakeDiscovery).FakedServerVersion = &version.Info{GitVersion: "v1.37.2"}
+			if tt.version != "" {
+				client.Discovery().(*fakediscovery.FakeDiscovery).FakedServerVersion = &version.Info{GitVersion: tt.version}
+			}
 			o := ClusterOptions{Namespace: "tessera-system", LeaseNamespace: "kube-system", Now: now}
 			if tt.opts != nil {
 				tt.opts(&o)
