@@ -75,6 +75,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		cgroupRoot   = fs.String("cgroup-root", "/sys/fs/cgroup", "the host's cgroup v2 hierarchy, where pods' kernel GPU memory limits are set (empty: none are set, and the inventory says so)")
 		driverRoot   = fs.String("driver-root", "/", "where the NVIDIA driver's files are, at the same paths as on the host; NVIDIA's CDI generator puts its device nodes and libraries into every slot spec (empty: GPU containers rest on NVIDIA_VISIBLE_DEVICES)")
 		namespace    = fs.String("namespace", envOr("POD_NAMESPACE", "tessera-system"), "the namespace of the agent's heartbeat Lease (default $POD_NAMESPACE, else tessera-system)")
+		hostRoot     = fs.String("host-root", "/", "the host's file system as the agent sees it (its /proc with hostPID, /sys, kubelet's directories): tessera doctor's node checks run there at start and on GET /doctor (empty: off)")
 		cdiHook      = fs.String("cdi-hook", "", "nvidia-cdi-hook on the host (the NVIDIA container toolkit's default, /usr/bin/nvidia-cdi-hook, when empty)")
 	)
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
@@ -139,7 +140,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		MPS: *useMPS, MPSBinary: *mpsBinary, MPSRoot: *mpsRoot, SchedulerNames: schedulerNames,
 		Holder: deviceplugin.PodResourcesHolder{Client: podresourcesapi.NewPodResourcesListerClient(conn)},
 		Pods:   nodePods.Get, CDIDir: *cdiDir, ProcRoot: *procRoot, NodePods: nodePods.List, AssignmentChanges: nodePods.Changes, NoticeRoot: *noticeRoot,
-		NvidiaSMI: *nvidiaSMI, CgroupRoot: *cgroupRoot, DriverRoot: *driverRoot, CDIHookPath: *cdiHook, Namespace: *namespace,
+		NvidiaSMI: *nvidiaSMI, CgroupRoot: *cgroupRoot, DriverRoot: *driverRoot, CDIHookPath: *cdiHook, Namespace: *namespace, HostRoot: *hostRoot,
 	})
 	switch {
 	case errors.Is(err, nvml.ErrNoDriver):

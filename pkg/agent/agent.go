@@ -110,6 +110,11 @@ type Options struct {
 	// Namespace holds the agent's heartbeat Lease (inventory.Heartbeat);
 	// empty sends none.
 	Namespace string
+	// HostRoot is the host's file system as the agent sees it ("/" in its
+	// container, with the host's /proc, /sys and kubelet's directories):
+	// the node checks of tessera doctor run there at start and on
+	// /doctor. Empty turns them off.
+	HostRoot string
 	// HeartbeatEvery is how often the Lease is renewed
 	// (inventory.HeartbeatEvery when zero); it vouches for four times
 	// that.
@@ -683,8 +688,14 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 			}
 		}, a.opts.Config.Fragments.SampleInterval.Duration)
 	}
+	if a.opts.HostRoot != "" {
+		go a.reportDoctor(ctx)
+	}
 	if metricsAddr != "" {
-		srv := &http.Server{Addr: metricsAddr, Handler: a.MetricsHandler(), ReadHeaderTimeout: 5 * time.Second}
+		mux := http.NewServeMux()
+		mux.Handle("/doctor", a.DoctorHandler())
+		mux.Handle("/", a.MetricsHandler())
+		srv := &http.Server{Addr: metricsAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go func() {
 			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("metrics endpoint: %w", err)

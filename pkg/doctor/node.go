@@ -30,6 +30,11 @@ const (
 type NodeOptions struct {
 	// MPS: the node's agent runs MPS (tessera-agent --mps).
 	MPS bool
+	// InAgent: the checks run inside tessera-agent's container, which
+	// sees the host's /proc, /sys, kubelet's directories and the driver
+	// but not the container runtime's or kubelet's configuration files:
+	// those checks are left to `tessera doctor node` on the node.
+	InAgent bool
 }
 
 // NodeChecks are the node checks over facts already gathered.
@@ -44,7 +49,13 @@ func NodeChecks(f NodeFacts, o NodeOptions) []Check {
 		pure("isolation", checkIsolation),
 		pure("mps", checkMPS),
 		pure("kubelet", checkKubelet),
-		pure("runtime", checkRuntime),
+		pure("runtime", func(f NodeFacts, o NodeOptions) []Finding {
+			if o.InAgent {
+				return []Finding{{ID: "runtime.cdi", Severity: Info, Summary: "the container runtime's configuration is not visible from tessera-agent's container, so it was not checked",
+					Remedy: "Run `tessera doctor node` on the node itself for the runtime's CDI and the NVIDIA toolkit's settings."}}
+			}
+			return checkRuntime(f, o)
+		}),
 		pure("leftovers", checkLeftovers),
 	}
 }

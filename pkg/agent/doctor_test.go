@@ -1,0 +1,87 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
+	"github.com/tessera-gpu/tessera/pkg/doctor"
+)
+
+// TestDoctorFromTheAgent: the agent runs the doctor's node checks on its
+// view of the host — its NVML, the host's kernel and cgroups, kubelet's
+// sockets — leaves the runtime's configuration to the node, serves the
+// findings on /doctor, and reports its errors in an event on the node.
+func TestDoctorFromTheAgent(t *testing.T) {
+	root := t.TempDir()
+	for path, body := range map[string]string{
+		"proc/sys/kernel/osrelease":        "6.8.0-45-generic\n",
+		"sys/fs/cgroup/cgroup.controllers": "cpu memory pids\n",
+		"usr/bin/nvidia-smi":               "",
+	} {
+		p := filepath.Join(root, path)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv := dgxh100.New()
+	nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{} })
+	client := newNode()
+	a, err := New(Options{Node: "n1", Config: config.Default(), Client: client, NVML: srv, HostRoot: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	a.DoctorHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/doctor", nil))
+	var report struct {
+		Worst    doctor.Severity  `json:"worst"`
+		Findings []doctor.Finding `json:"findings"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &report); err != nil {
+		t.Fatalf("%v: %s", err, rec.Body.String())
+	}
+	got := map[string]doctor.Severity{}
+	for _, f := range report.Findings {
+		got[f.ID] = max(got[f.ID], f.Severity)
+	}
+	for id, want := range map[string]doctor.Severity{
+		"driver.version":         doctor.OK,
+		"gpu.compute-mode":       doctor.OK,
+		"kernel.cgroup-v2":       doctor.OK,
+		"runtime.cdi":            doctor.Info, // not visible from the agent, and said so
+		"kubelet.device-plugins": doctor.Error,
+	} {
+		if got[id] != want {
+			t.Errorf("%s = %s, want %s (all: %v)", id, got[id], want, got)
+		}
+	}
+	if _, ok := got["runtime.nvidia-toolkit"]; ok {
+		t.Error("the toolkit was judged from inside the agent's container")
+	}
+	a.reportDoctor(context.Background())
+	evs, err := client.EventsV1().Events("default").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, e := range evs.Items {
+		if e.Reason == "NodeCheckFailed" && strings.Contains(e.Note, "kubelet.device-plugins") {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no NodeCheckFailed event naming kubelet.device-plugins: %+v", evs.Items)
+	}
+}
