@@ -16,15 +16,17 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
-// controlBinary is the real nvidia-cuda-mps-control when this machine has
-// one, else the stand-in built from testdata/fakecontrol (usingFake).
+// controlBinary is the stand-in built from testdata/fakecontrol (usingFake),
+// or, when TESSERA_REAL_MPS=1 asks for it on a GPU node, the real
+// nvidia-cuda-mps-control: by default the tests start no daemon on the GPUs
+// of the machine they run on (people run make test on GPU nodes).
 var (
 	controlBinary string
 	usingFake     bool
 )
 
 func TestMain(m *testing.M) {
-	if p, err := exec.LookPath(DefaultBinary); err == nil && os.Getenv("TESSERA_FAKE_MPS") == "" {
+	if p, err := exec.LookPath(DefaultBinary); err == nil && os.Getenv("TESSERA_REAL_MPS") == "1" {
 		controlBinary = p
 	} else {
 		dir, err := os.MkdirTemp("", "fakecontrol")
