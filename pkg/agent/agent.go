@@ -277,6 +277,7 @@ func New(opts Options) (*Agent, error) {
 			a.timeSlices = timeslice.NewManager(setter, timeSliceRetry)
 		}
 	}
+	a.zeroCounters()
 	a.probeIsolation(klog.NewContext(context.Background(), klog.Background()))
 	a.reg.MustRegister(isolationCollector{a})
 	a.reg.MustRegister(mpsRestarts, sliceChanges, reclaims, reclaimKilled, reclaimDuration, timeSliceClass, timeSliceFailures, assignmentChanges, refusedSlots)
@@ -290,6 +291,29 @@ const isolationReconcileEvery = 10 * time.Second
 var mpsRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "tessera_mps_daemon_restarts_total", Help: "MPS control daemons found dead and restarted, per GPU.",
 }, []string{"node", "gpu"})
+
+// zeroCounters exports the event counters at 0 for every label set they
+// can take on this node, so that Prometheus' increase() sees their first
+// event (a series born at 1 has no increase).
+func (a *Agent) zeroCounters() {
+	node := a.opts.Node
+	for _, r := range []string{"clean", "killed", "stuck"} {
+		reclaims.WithLabelValues(node, r)
+	}
+	reclaimKilled.WithLabelValues(node)
+	assignmentChanges.WithLabelValues(node)
+	for _, d := range a.devices {
+		if a.MPS != nil {
+			mpsRestarts.WithLabelValues(node, d.UUID)
+		}
+		for _, dir := range []string{"up", "down"} {
+			sliceChanges.WithLabelValues(node, d.UUID, dir)
+		}
+	}
+	for _, uuid := range a.timeShared() {
+		timeSliceFailures.WithLabelValues(node, uuid)
+	}
+}
 
 func (a *Agent) exclusiveProcess(uuid string) error {
 	return a.gpus.SetComputeMode(uuid, gonvml.COMPUTEMODE_EXCLUSIVE_PROCESS)

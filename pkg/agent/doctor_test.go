@@ -85,3 +85,27 @@ func TestDoctorFromTheAgent(t *testing.T) {
 		t.Errorf("no NodeCheckFailed event naming kubelet.device-plugins: %+v", evs.Items)
 	}
 }
+
+// TestEventCountersStartAtZero: the agent's event counters are exported at
+// 0 for this node's labels before any event, so increase() sees the first.
+func TestEventCountersStartAtZero(t *testing.T) {
+	srv := dgxh100.New()
+	nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{} })
+	a, err := New(Options{Node: "zero-node", Config: config.Default(), Client: newNode(), NVML: srv, MPS: true, MPSBinary: "/nonexistent", MPSRoot: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	a.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body := rec.Body.String()
+	uuid, _ := srv.Devices[0].GetUUID()
+	for _, want := range []string{
+		`tessera_reclaim_total{node="zero-node",result="stuck"} 0`,
+		`tessera_agent_assignment_changes_total{node="zero-node"} 0`,
+		`tessera_mps_daemon_restarts_total{gpu="` + uuid + `",node="zero-node"} 0`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}

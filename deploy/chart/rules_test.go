@@ -1,0 +1,58 @@
+package chart
+
+import (
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+)
+
+// TestEveryAlertHasARunbook: each shipped alert has a summary, a
+// description and a runbook_url into a README heading that exists.
+func TestEveryAlertHasARunbook(t *testing.T) {
+	b, err := Files.ReadFile("tessera/files/tessera-rules.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert       string            `json:"alert"`
+				Annotations map[string]string `json:"annotations"`
+			} `json:"rules"`
+		} `json:"groups"`
+	}
+	if err := yaml.Unmarshal(b, &rules); err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchors := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^#+ (.+)$`).FindAllStringSubmatch(string(readme), -1) {
+		anchors[strings.ToLower(strings.ReplaceAll(strings.TrimSpace(m[1]), " ", "-"))] = true
+	}
+	alerts := 0
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Alert == "" {
+				continue
+			}
+			alerts++
+			a := r.Annotations
+			if a["summary"] == "" || a["description"] == "" {
+				t.Errorf("%s lacks a summary or description", r.Alert)
+			}
+			_, anchor, ok := strings.Cut(a["runbook_url"], "/README.md#")
+			if !ok || !anchors[anchor] {
+				t.Errorf("%s: runbook_url %q is not a README heading", r.Alert, a["runbook_url"])
+			}
+		}
+	}
+	if alerts < 11 {
+		t.Errorf("%d alerts, want the 11 shipped", alerts)
+	}
+}
