@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -87,7 +88,9 @@ func TestDoctorFromTheAgent(t *testing.T) {
 }
 
 // TestEventCountersStartAtZero: the agent's event counters are exported at
-// 0 for this node's labels before any event, so increase() sees the first.
+// 0 for this node's labels before any event, so increase() sees the first;
+// its build, Go runtime and the age of its last sampling pass are exported
+// too.
 func TestEventCountersStartAtZero(t *testing.T) {
 	srv := dgxh100.New()
 	nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{} })
@@ -95,11 +98,17 @@ func TestEventCountersStartAtZero(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := a.Sampler.Pass(time.Now()); err != nil {
+		t.Fatal(err)
+	}
 	rec := httptest.NewRecorder()
 	a.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	body := rec.Body.String()
 	uuid, _ := srv.Devices[0].GetUUID()
 	for _, want := range []string{
+		`tessera_agent_build_info{node="zero-node"`,
+		`tessera_agent_last_sample_age_seconds{node="zero-node"}`,
+		"go_goroutines ",
 		`tessera_reclaim_total{node="zero-node",result="stuck"} 0`,
 		`tessera_agent_assignment_changes_total{node="zero-node"} 0`,
 		`tessera_mps_daemon_restarts_total{gpu="` + uuid + `",node="zero-node"} 0`,

@@ -102,6 +102,9 @@ type Sampler struct {
 	stalls  map[string]*Stall
 	window  time.Duration
 	snap    []gpuSnapshot
+	// lastPass is when the last sampling pass finished: its age grows
+	// while NVML hangs.
+	lastPass time.Time
 }
 
 type gpuSnapshot struct {
@@ -215,7 +218,7 @@ func (s *Sampler) Pass(now time.Time) error {
 		g.healthy, _, _ = s.health.Healthy(uuid, now)
 		snap = append(snap, g)
 	}
-	s.snap = snap
+	s.snap, s.lastPass = snap, now
 	return err
 }
 
@@ -248,12 +251,13 @@ var (
 	descAlloc     = prometheus.NewDesc("tessera_gpu_slices_allocated", "Slices of the GPU handed to containers.", gpuLabels, nil)
 	descHealthy   = prometheus.NewDesc("tessera_gpu_healthy", "1 when the GPU takes slices; 0 after a fault (until the quiet period passes) or while it is lost.", gpuLabels, nil)
 	descTMem      = prometheus.NewDesc("tessera_container_gpu_memory_used_bytes", "GPU memory used by a container's processes on one GPU.", tenantLabels, nil)
+	descPassAge   = prometheus.NewDesc("tessera_agent_last_sample_age_seconds", "Seconds since the agent's last sampling pass finished: it grows while NVML hangs.", []string{"node"}, nil)
 	descTSM       = prometheus.NewDesc("tessera_container_gpu_sm_utilization_ratio", "SM utilization of a container's processes on one GPU over the last sample period, 0-1.", tenantLabels, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (s *Sampler) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descMemUsed, descMemTotal, descSM, descTemp, descPower, descThrottled, descStall, descSlices, descAlloc, descHealthy, descTMem, descTSM} {
+	for _, d := range []*prometheus.Desc{descMemUsed, descMemTotal, descSM, descTemp, descPower, descThrottled, descStall, descSlices, descAlloc, descHealthy, descTMem, descTSM, descPassAge} {
 		ch <- d
 	}
 }
@@ -261,8 +265,11 @@ func (s *Sampler) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector from the last pass.
 func (s *Sampler) Collect(ch chan<- prometheus.Metric) {
 	s.mu.Lock()
-	snap := s.snap
+	snap, last := s.snap, s.lastPass
 	s.mu.Unlock()
+	if !last.IsZero() {
+		ch <- prometheus.MustNewConstMetric(descPassAge, prometheus.GaugeValue, time.Since(last).Seconds(), s.node)
+	}
 	const mib = 1 << 20
 	for _, g := range snap {
 		u := g.usage
