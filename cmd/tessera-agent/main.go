@@ -59,7 +59,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		configPath   = fs.String("config", "", "TesseraConfiguration file (tessera.dev/v1alpha1); defaults when empty")
 		node         = fs.String("node", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 		kubeconfig   = fs.String("kubeconfig", "", "kubeconfig; in-cluster configuration when empty")
-		metricsAddr  = fs.String("metrics-addr", ":9400", "address of the Prometheus endpoint")
+		metricsAddr  = fs.String("metrics-addr", ":9401", "address of the Prometheus endpoint (and GET /doctor); not DCGM exporter's 9400")
 		pluginDir    = fs.String("device-plugin-dir", pluginapi.DevicePluginPath, "kubelet's device-plugin directory")
 		podResources = fs.String("pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet's pod-resources socket")
 		cdiDir       = fs.String("cdi-dir", "/var/run/cdi", "where the slots' CDI specs are written")

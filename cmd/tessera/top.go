@@ -29,7 +29,7 @@ func newTopCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 	fs := cmd.Flags()
 	var (
 		output  = fs.StringP("output", "o", "", "output format: json or yaml (default: a table)")
-		metrics = fs.String("metrics", "", "comma-separated agent metrics URLs (http://node:9400/metrics) for live usage per tenant (default: the tessera-agent pods in tessera-system, through the API server's proxy)")
+		metrics = fs.String("metrics", "", "comma-separated agent metrics URLs (http://node:9401/metrics) for live usage per tenant (default: the tessera-agent pods in tessera-system, through the API server's proxy)")
 		watch   = fs.Duration("watch", 0, "print again at this interval until Ctrl-C")
 	)
 	cluster := bindClusterFlags(fs)

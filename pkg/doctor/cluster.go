@@ -23,6 +23,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/inventory"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
+	"github.com/tessera-gpu/tessera/pkg/top"
 )
 
 // ClusterOptions say where Tessera runs and what to read besides the API
@@ -155,7 +156,7 @@ func GatherCluster(ctx context.Context, client kubernetes.Interface, o ClusterOp
 			if p.Namespace != o.Namespace || p.Labels["app.kubernetes.io/name"] != "tessera-agent" || p.Status.Phase != v1.PodRunning {
 				continue
 			}
-			body, err := client.CoreV1().Pods(p.Namespace).ProxyGet("http", p.Name, "9400", "metrics", nil).DoRaw(ctx)
+			body, err := client.CoreV1().Pods(p.Namespace).ProxyGet("http", p.Name, top.AgentPort, "metrics", nil).DoRaw(ctx)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("agent %s: %w", p.Name, err))
 				continue

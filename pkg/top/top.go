@@ -333,7 +333,8 @@ func (s *Snapshot) AddUsage(ctx context.Context, url string) error {
 const (
 	AgentNamespace = "tessera-system"
 	AgentSelector  = "app.kubernetes.io/name=tessera-agent"
-	AgentPort      = "9400"
+	// AgentPort is not DCGM exporter's 9400, which often runs beside.
+	AgentPort = "9401"
 )
 
 // AddUsageFromAgents reads every running agent's metrics through the API

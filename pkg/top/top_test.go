@@ -58,7 +58,7 @@ func TestUsageFromAgentPods(t *testing.T) {
 	if n, err := snap.AddUsageFromAgents(context.Background(), client); err != nil || n != 1 {
 		t.Fatalf("%d agents, %v", n, err)
 	}
-	if asked != "tessera-agent-x:9400/metrics" {
+	if asked != "tessera-agent-x:9401/metrics" {
 		t.Errorf("proxied %q", asked)
 	}
 	if tn := snap.GPUs[0].Tenants[0]; !tn.Live || tn.UsedMiB != 4096 {
