@@ -261,17 +261,19 @@ func (a *Agent) isolate(ctx context.Context, pod *v1.Pod, c gpu.ContainerAssignm
 			return nil, fmt.Errorf("kernel GPU memory limit: %w", err)
 		}
 	}
-	asg, err := podgpu.BoundAssignment(pod)
-	if err != nil || asg == nil {
-		return nil, fmt.Errorf("the pod's assignment: %w", err)
+	// activePods decoded the starting pod's assignment already.
+	i := slices.IndexFunc(pods, func(p activePod) bool { return p.pod.UID == pod.UID })
+	if i < 0 {
+		return nil, fmt.Errorf("pod %s/%s holds no Tessera assignment for this node", pod.Namespace, pod.Name)
 	}
+	held := a.guaranteesOf(pod, pods[i].asg)
 	var gs []gpu.Guarantee
-	for _, sg := range a.guaranteesOf(pod, asg) {
+	for _, sg := range held {
 		if sg.Container == c.Name {
 			gs = append(gs, sg.Guarantee)
 		}
 	}
-	go a.reportIsolation(klog.NewContext(context.Background(), klog.FromContext(ctx)), pod)
+	go a.reportIsolation(klog.NewContext(context.Background(), klog.FromContext(ctx)), pod, held)
 	return gs, nil
 }
 
@@ -341,15 +343,11 @@ func isolationCondition(gs []gpu.SliceGuarantee, now time.Time) v1.PodCondition 
 
 // reportIsolation sets the pod's GPUIsolation condition, best effort: the
 // container has its limits whether or not the API server hears of it.
-func (a *Agent) reportIsolation(ctx context.Context, pod *v1.Pod) {
+func (a *Agent) reportIsolation(ctx context.Context, pod *v1.Pod, held []gpu.SliceGuarantee) {
 	if a.opts.Client == nil {
 		return
 	}
-	asg, err := podgpu.BoundAssignment(pod)
-	if err != nil || asg == nil {
-		return
-	}
-	cond := isolationCondition(a.guaranteesOf(pod, asg), time.Now())
+	cond := isolationCondition(held, time.Now())
 	for _, c := range pod.Status.Conditions {
 		if c.Type == cond.Type && c.Status == cond.Status && c.Message == cond.Message {
 			return

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -465,7 +467,7 @@ func checkPending(f ClusterFacts, o ClusterOptions) []Finding {
 		g.oldest = max(g.oldest, o.Now.Sub(p.CreationTimestamp.Time))
 	}
 	var out []Finding
-	for _, reason := range sortedKeys(groups) {
+	for _, reason := range slices.Sorted(maps.Keys(groups)) {
 		g := groups[reason]
 		sort.Strings(g.pods)
 		sev := Info

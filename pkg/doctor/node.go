@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -290,7 +291,7 @@ func checkKubelet(f NodeFacts, _ NodeOptions) []Finding {
 		out = append(out, Finding{ID: "kubelet.config", Severity: Warning, Summary: "kubelet's config file is not valid YAML", Evidence: k.ConfigErr.Error()})
 	}
 	if gates, ok := k.Config["featureGates"].(map[string]any); ok {
-		for _, g := range sortedKeys(gates) {
+		for _, g := range slices.Sorted(maps.Keys(gates)) {
 			if why, removed := removedKubeletGates[g]; removed {
 				out = append(out, Finding{ID: "kubelet.feature-gate", Severity: Error, Subject: g,
 					Summary:  fmt.Sprintf("kubelet's config sets feature gate %s, %s: kubelet refuses to start", g, why),
@@ -409,14 +410,5 @@ func checkLeftovers(f NodeFacts, _ NodeOptions) []Finding {
 			Evidence: strings.Join(f.TesseraSpecs[:min(3, len(f.TesseraSpecs))], " "),
 			Remedy:   "A running agent collects them every 30 s; with Tessera uninstalled, delete /var/run/cdi/tessera-*.json."})
 	}
-	return out
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
 	return out
 }

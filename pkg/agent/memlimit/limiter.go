@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 
 	"k8s.io/klog/v2"
@@ -106,7 +107,7 @@ func (l *Limiter) ApplyPod(ctx context.Context, uid string, wants map[string]Wan
 	if err != nil {
 		return err
 	}
-	for _, uuid := range sortedKeys(wants) {
+	for _, uuid := range slices.Sorted(maps.Keys(wants)) {
 		w := wants[uuid]
 		if err := l.NVML.SetMemoryLimits(uuid, cg, w.Soft, w.Hard); err != nil {
 			return err
@@ -135,7 +136,7 @@ func (l *Limiter) Reconcile(ctx context.Context, plan map[Key]Want, gpus []strin
 	}
 	logger := klog.FromContext(ctx)
 	var errs []error
-	for _, uid := range sortedKeys(cgs) {
+	for _, uid := range slices.Sorted(maps.Keys(cgs)) {
 		cg := cgs[uid]
 		for _, uuid := range gpus {
 			want, wanted := plan[Key{uid, uuid}]
@@ -204,13 +205,4 @@ func (l *Limiter) Probe(gpus []string) (offered map[string]bool, why map[string]
 		}
 	}
 	return offered, why, errors.Join(errs...)
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
