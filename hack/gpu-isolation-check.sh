@@ -14,26 +14,44 @@
 # Prints a table; exits 1 when a limit did not hold, 2 when it cannot run.
 # Needs root, the driver, nvcc, python3 with PyTorch, Go; builds only two
 # small programs (seconds). Its steps add up to about 3 minutes of GPU work
-# (20 + 10 + 10 s of matmuls, 4 × 3 s of time slices, the allocations); it
-# has not been run on a GPU yet.
+# (20 + 10 + 10 + 10 s of matmuls, 4 × 3 s of time slices, the
+# allocations); on an H200 it ran in 120 s (docs/operations.md has the table).
 # Usage: sudo hack/gpu-isolation-check.sh [gpu-index]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 idx=${1:-0}
 py=${PYTHON:-python3}
+# Where GPU images keep the driver's and CUDA's programs when they are not on PATH.
+export PATH=$PATH:/usr/local/nvidia/bin:/usr/local/cuda/bin
 if [[ $EUID -ne 0 ]]; then
 	echo "run as root: the check creates scratch cgroups, sets GPU limits and starts an MPS daemon" >&2
 	exit 2
 fi
-for tool in go nvcc nvidia-smi "$py"; do
+for tool in nvcc nvidia-smi "$py"; do
 	command -v "$tool" >/dev/null || { echo "missing $tool" >&2; exit 2; }
 done
 mkdir -p bin
-go build -o bin/isolation ./hack/isolation || exit 2
+# A GPU machine without Go (or without the module cache) runs the helper
+# built elsewhere: `make bin/isolation` beside it, then carry bin/isolation.
+if command -v go >/dev/null; then
+	go build -o bin/isolation ./hack/isolation || exit 2
+elif [[ ! -x bin/isolation ]]; then
+	echo "missing go, and no bin/isolation built elsewhere" >&2
+	exit 2
+fi
 nvcc -O2 -o bin/timeslice hack/isolation/timeslice.cu || exit 2
 uuid=$(bin/isolation uuid --index "$idx") || exit 2
 total=$(nvidia-smi -i "$idx" --query-gpu=memory.total --format=csv,noheader,nounits)
 echo "GPU $idx $uuid, $total MiB, driver $(nvidia-smi -i "$idx" --query-gpu=driver_version --format=csv,noheader)"
+echo "kernel $(uname -r); /sys/fs/cgroup is $(stat -f -c %T /sys/fs/cgroup 2>/dev/null), controllers: $(cat /sys/fs/cgroup/cgroup.controllers 2>/dev/null)"
+echo "MPS control: $(command -v nvidia-cuda-mps-control || echo 'not on PATH')"
+# Every tenant runs under a deadline: a limit that hangs the GPU instead of
+# refusing is a finding, not a reason to lose the rest of the check.
+tenant() { timeout -k 5 90 "$py" hack/isolation/tenant.py "$@"; }
+
+# Every NVML call the agent makes, against this driver: one the driver
+# lacks must be an answer here, not a dead agent.
+timeout -k 5 60 bin/isolation nvml || echo "isolation nvml: exit $?"
 
 fail=0
 rows=()
@@ -84,7 +102,7 @@ if probe=$(bin/isolation probe --gpu "$uuid" --root "$root" 2>&1); then
 	done
 	for t in a b; do
 		cg="$root/kubepods.slice/kubepods-pod${uid[$t]//-/_}.slice/tenant"
-		(echo "$BASHPID" >"$cg/cgroup.procs" && exec "$py" hack/isolation/tenant.py alloc) >"$mpsdir/kernel-$t.out" 2>&1 &
+		(echo "$BASHPID" >"$cg/cgroup.procs" && exec timeout -k 5 90 "$py" hack/isolation/tenant.py alloc) >"$mpsdir/kernel-$t.out" 2>&1 &
 		pids+=($!)
 	done
 	wait "${pids[@]}"
@@ -103,6 +121,10 @@ else
 fi
 
 # ---- 2. MPS server limits ---------------------------------------------------
+# The whole GPU's throughput first, without MPS: what a tenant held to the
+# server's 70 % is measured against.
+tenant matmul 10 >"$mpsdir/mfull" 2>&1
+ffull=$(sed -n 's/tflops=//p' "$mpsdir/mfull")
 # Tenants of 30 % / 4 GiB and 70 % / 16 GiB: the agent sets the server to the
 # larger of each (gpu.MPSServerLimitsFor).
 coproc MPS { exec bin/isolation mps --gpu "$uuid" --dir "$mpsdir/mps" --threads 70 --mem-mib 16384 2>"$mpsdir/mps.log"; }
@@ -118,9 +140,9 @@ else
 		shift 2
 		CUDA_MPS_PIPE_DIRECTORY=$pipe CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$t CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=${m}M" "$@"
 	}
-	client 30 4096 "$py" hack/isolation/tenant.py matmul 20 >"$mpsdir/m30" 2>&1 &
+	client 30 4096 tenant matmul 20 >"$mpsdir/m30" 2>&1 &
 	p30=$!
-	client 70 16384 "$py" hack/isolation/tenant.py matmul 20 >"$mpsdir/m70" 2>&1 &
+	client 70 16384 tenant matmul 20 >"$mpsdir/m70" 2>&1 &
 	p70=$!
 	wait "$p30" "$p70"
 	f30=$(sed -n 's/tflops=//p' "$mpsdir/m30")
@@ -136,23 +158,27 @@ else
 	fi
 	# What the client variables give, and what a tenant that clears them
 	# gets: the server's limits (70 %, 16 GiB), never the whole GPU.
-	client 30 4096 "$py" hack/isolation/tenant.py alloc >"$mpsdir/a30" 2>&1
+	client 30 4096 tenant alloc >"$mpsdir/a30" 2>&1
 	got=$(sed -n 's/.*allocated=\([0-9]*\) MiB.*/\1/p' "$mpsdir/a30")
 	[[ -n $got && $got -le 4096 ]] && v=PASS || v=FAIL
 	row "mps: tenant with its variables, 4096 MiB" mps-client "allocated ${got:-?} MiB" $v
-	CUDA_MPS_PIPE_DIRECTORY=$pipe "$py" hack/isolation/tenant.py alloc >"$mpsdir/aclr" 2>&1
+	CUDA_MPS_PIPE_DIRECTORY=$pipe tenant alloc >"$mpsdir/aclr" 2>&1
 	got=$(sed -n 's/.*allocated=\([0-9]*\) MiB.*/\1/p' "$mpsdir/aclr")
 	[[ -n $got && $got -le 16384 ]] && v=PASS || v=FAIL
 	row "mps: tenant that cleared them, memory" mps-server "allocated ${got:-?} MiB (server limit 16384 of $total)" $v
-	CUDA_MPS_PIPE_DIRECTORY=$pipe "$py" hack/isolation/tenant.py matmul 10 >"$mpsdir/mclr" 2>&1
-	client 70 16384 "$py" hack/isolation/tenant.py matmul 10 >"$mpsdir/m70b" 2>&1
+	CUDA_MPS_PIPE_DIRECTORY=$pipe tenant matmul 10 >"$mpsdir/mclr" 2>&1
+	client 70 16384 tenant matmul 10 >"$mpsdir/m70b" 2>&1
 	fc=$(sed -n 's/tflops=//p' "$mpsdir/mclr")
 	f7=$(sed -n 's/tflops=//p' "$mpsdir/m70b")
-	if [[ -n $fc && -n $f7 ]]; then
+	if [[ -n $fc && -n $f7 && -n $ffull ]]; then
+		# Held: within 15 % of the 70 % tenant's, and below 85 % of the
+		# GPU's own (a matmul this size gains little from the last SMs, so
+		# the bound is loose; the 70 % tenant's figure is the comparison).
 		ratio=$(awk -v a="$fc" -v b="$f7" 'BEGIN{printf "%.2f", a/b}')
+		share=$(awk -v a="$fc" -v b="$ffull" 'BEGIN{printf "%.0f", 100*a/b}')
 		verdict=FAIL
-		awk -v r="$ratio" 'BEGIN{exit !(r <= 1.15)}' && verdict=PASS
-		row "mps: tenant that cleared them, compute" mps-server "alone ${fc} TFLOP/s vs ${f7} at 70 %: ratio ${ratio}" $verdict
+		awk -v r="$ratio" -v s="$share" 'BEGIN{exit !(r <= 1.15 && s <= 85)}' && verdict=PASS
+		row "mps: tenant that cleared them, compute" mps-server "${fc} TFLOP/s: ${ratio}x the 70 % one, ${share} % of GPU's ${ffull}" $verdict
 	else
 		row "mps: tenant that cleared them, compute" mps-server "$(tr '\n' ' ' <"$mpsdir/mclr" | cut -c1-58)" FAIL
 	fi
@@ -166,9 +192,9 @@ for class in 0 1 2 3; do
 		row "time slice: class $class (${name[$class]})" driver "nvidia-smi compute-policy refused" SKIP
 		continue
 	fi
-	CUDA_VISIBLE_DEVICES=$idx bin/timeslice 3 >"$mpsdir/ts1" 2>&1 &
+	CUDA_VISIBLE_DEVICES=$idx timeout -k 5 60 bin/timeslice 3 >"$mpsdir/ts1" 2>&1 &
 	t1=$!
-	CUDA_VISIBLE_DEVICES=$idx bin/timeslice 3 >"$mpsdir/ts2" 2>&1 &
+	CUDA_VISIBLE_DEVICES=$idx timeout -k 5 60 bin/timeslice 3 >"$mpsdir/ts2" 2>&1 &
 	t2=$!
 	wait "$t1" "$t2"
 	row "time slice: class $class (${name[$class]})" driver "$(head -c 58 "$mpsdir/ts1")" INFO

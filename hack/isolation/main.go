@@ -5,6 +5,7 @@
 // not a re-implementation. It builds no Kubernetes package.
 //
 //	isolation uuid  --index 0
+//	isolation nvml  (every NVML call the agent makes, against this driver)
 //	isolation probe --gpu UUID --root /sys/fs/cgroup/tessera-check-1
 //	isolation limit --gpu UUID --root R --uid UID --hard-mib N [--soft-mib N]
 //	isolation clear --gpu UUID --root R
@@ -17,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -73,6 +75,8 @@ func run(args []string) error {
 			}
 		}
 		return fmt.Errorf("no GPU with index %d", *index)
+	case "nvml":
+		return walkNVML(ctx, c)
 	case "probe":
 		driver, _, _ := c.DriverVersion()
 		offered, why, err := lim.Probe([]string{*uuid})
@@ -126,4 +130,41 @@ func run(args []string) error {
 		return nil
 	}
 	return fmt.Errorf("unknown command %q", args[0])
+}
+
+// walkNVML makes every NVML call the agent makes on a node (inventory,
+// sampling with per-process usage, driver version, persistence mode,
+// processes, events, whether memory limits are offered) and prints what
+// each answered: a call the driver lacks shows here instead of killing an
+// agent.
+func walkNVML(ctx context.Context, c *nvml.Client) error {
+	driver, cuda, err := c.DriverVersion()
+	fmt.Printf("nvml: driver %s, CUDA %d, err %v\n", driver, cuda, err)
+	devs, err := c.Devices()
+	if err != nil {
+		return fmt.Errorf("devices: %w", err)
+	}
+	for _, d := range devs {
+		fmt.Printf("nvml: device %+v\n", d)
+		pm, err := c.PersistenceMode(d.UUID)
+		fmt.Printf("nvml: persistence mode %v, err %v\n", pm, err)
+		procs, err := c.Processes(d.UUID)
+		fmt.Printf("nvml: processes %v, err %v\n", procs, err)
+		ok, err := c.MemoryLimitsOffered(d.UUID, "/sys/fs/cgroup")
+		fmt.Printf("nvml: memory limits offered %v, err %v\n", ok, err)
+	}
+	for i := 0; i < 2; i++ {
+		use, err := c.Sample()
+		for _, u := range use {
+			fmt.Printf("nvml: sample %d: GPU %d mem %d/%d MiB sm %.0f%% %.0f C %.0f W clocks 0x%x throttled %v, %d process(es), lost %v; err %v\n",
+				i, u.Index, u.MemoryUsedMiB, u.MemoryTotalMiB, u.SMUtil, u.TemperatureC, u.PowerW, u.ClockEventReasons, u.Throttled(), len(u.Processes), u.Lost, err)
+		}
+		time.Sleep(time.Second)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	events := 0
+	err = c.WatchEvents(wctx, func(nvml.Event) { events++ })
+	fmt.Printf("nvml: watched events for 2 s: %d event(s), err %v\n", events, err)
+	return nil
 }

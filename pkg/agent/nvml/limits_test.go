@@ -2,13 +2,16 @@ package nvml
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
 	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
 )
@@ -106,5 +109,47 @@ func TestProbeMemoryLimits(t *testing.T) {
 	driver, cuda, err := c.DriverVersion()
 	if err != nil || driver != "550.54.15" || cuda != 12040 {
 		t.Errorf("DriverVersion = %q, %d, %v", driver, cuda, err)
+	}
+}
+
+// TestDriverWithoutTheLimitsEntryPoints: on driver 580.159 (an H200 node)
+// libnvidia-ml exports no nvmlDeviceSetMemoryLimits_v1, and calling it
+// through go-nvml's lazy binding killed the process ("symbol lookup
+// error"). The client looks the entry points up first: the probe answers
+// "not offered, this driver's NVML has no …" and nothing calls them.
+func TestDriverWithoutTheLimitsEntryPoints(t *testing.T) {
+	srv := dgxh200.New()
+	nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{KernelLimits: true} })
+	for _, d := range srv.Devices {
+		d := d.(*server.Device)
+		d.SetMemoryLimits_v1Func = func(string, uint64, uint64) gonvml.Return {
+			panic("symbol lookup error: undefined symbol: nvmlDeviceSetMemoryLimits_v1")
+		}
+		d.GetMemoryLimits_v1Func = func(string) (gonvml.MemoryLimits_v1, gonvml.Return) {
+			panic("symbol lookup error: undefined symbol: nvmlDeviceGetMemoryLimits_v1")
+		}
+	}
+	srv.ExtensionsFunc = func() gonvml.ExtendedInterface {
+		return &mock.ExtendedInterface{LookupSymbolFunc: func(name string) error {
+			if strings.Contains(name, "MemoryLimits") {
+				return fmt.Errorf("undefined symbol: %s", name)
+			}
+			return nil
+		}}
+	}
+	c := open(t, srv)
+	devs, err := c.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	offered, why, err := c.ProbeMemoryLimits(devs[0].UUID, t.TempDir())
+	if err != nil || offered || !strings.Contains(why, "has no nvmlDeviceSetMemoryLimits_v1") {
+		t.Fatalf("probe: offered %v, why %q, err %v; want not offered, naming the missing entry point", offered, why, err)
+	}
+	if ok, err := c.MemoryLimitsOffered(devs[0].UUID, t.TempDir()); ok || err != nil {
+		t.Errorf("MemoryLimitsOffered = %v, %v; want false, nil", ok, err)
+	}
+	if err := c.ClearMemoryLimits(devs[0].UUID, t.TempDir()); !errors.Is(err, ErrNotSupported) {
+		t.Errorf("clear: %v, want ErrNotSupported", err)
 	}
 }

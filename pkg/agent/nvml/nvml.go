@@ -35,7 +35,17 @@ type Client struct {
 	// lastProcSample is, per GPU UUID, the newest per-process utilization
 	// timestamp already read, so each pass returns only new samples.
 	lastProcSample map[string]uint64
+
+	// missing names the NVML entry points the node's library lacks, looked
+	// up once at New: go-nvml binds symbols lazily, so calling one a driver
+	// does not export kills the whole process ("symbol lookup error"), as
+	// nvmlDeviceSetMemoryLimits_v1 did on driver 580.159.
+	missing map[string]bool
 }
+
+// optionalSymbols are the entry points newer than the drivers the agent
+// supports: each is looked up before it is called.
+var optionalSymbols = []string{"nvmlDeviceSetMemoryLimits_v1", "nvmlDeviceGetMemoryLimits_v1"}
 
 // New initialises NVML through lib (gonvml.New() on a node; a mock server in
 // tests). Close releases it.
@@ -46,7 +56,33 @@ func New(lib gonvml.Interface) (*Client, error) {
 		}
 		return nil, fmt.Errorf("NVML init: %s", errorString(lib, ret))
 	}
-	return &Client{lib: lib, lastProcSample: map[string]uint64{}}, nil
+	c := &Client{lib: lib, lastProcSample: map[string]uint64{}, missing: map[string]bool{}}
+	for _, name := range optionalSymbols {
+		if !hasSymbol(lib, name) {
+			c.missing[name] = true
+		}
+	}
+	return c, nil
+}
+
+// hasSymbol says whether lib exports name. A library that cannot answer
+// (go-nvml's mocks leave Extensions unset, and panic) is taken at its word:
+// its calls are Go functions, not symbols.
+func hasSymbol(lib gonvml.Interface, name string) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = true
+		}
+	}()
+	return lib.Extensions().LookupSymbol(name) == nil
+}
+
+// lacks is the error for a call the driver's NVML does not export.
+func (c *Client) lacks(symbol, what string) error {
+	if !c.missing[symbol] {
+		return nil
+	}
+	return fmt.Errorf("%s: %w (this driver's NVML has no %s)", what, ErrNotSupported, symbol)
 }
 
 // Close shuts NVML down.
@@ -445,6 +481,9 @@ func (c *Client) SetMemoryLimits(uuid, cgroup string, soft, hard uint64) error {
 	if ret != gonvml.SUCCESS {
 		return fmt.Errorf("GPU %s: handle: %s", uuid, errorString(c.lib, ret))
 	}
+	if err := c.lacks("nvmlDeviceSetMemoryLimits_v1", fmt.Sprintf("GPU %s: set memory limits of cgroup %s", uuid, cgroup)); err != nil {
+		return err
+	}
 	if ret := d.SetMemoryLimits_v1(cgroup, soft, hard); ret != gonvml.SUCCESS {
 		return limitError(c.lib, fmt.Sprintf("GPU %s: set memory limits of cgroup %s", uuid, cgroup), ret)
 	}
@@ -462,6 +501,9 @@ func (c *Client) GetMemoryLimits(uuid, cgroup string) (l MemoryLimits, found boo
 	d, ret := c.lib.DeviceGetHandleByUUID(uuid)
 	if ret != gonvml.SUCCESS {
 		return l, false, fmt.Errorf("GPU %s: handle: %s", uuid, errorString(c.lib, ret))
+	}
+	if err := c.lacks("nvmlDeviceGetMemoryLimits_v1", fmt.Sprintf("GPU %s: memory limits of cgroup %s", uuid, cgroup)); err != nil {
+		return l, false, err
 	}
 	got, ret := d.GetMemoryLimits_v1(cgroup)
 	switch ret {
