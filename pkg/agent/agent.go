@@ -133,6 +133,8 @@ type Agent struct {
 	MPS     *mps.Manager
 	Sampler *metrics.Sampler
 	reg     *prometheus.Registry
+	// collectors are what reg holds, for MetricDescs.
+	collectors []prometheus.Collector
 
 	mu        sync.Mutex
 	published *gpu.NodeInventory
@@ -220,7 +222,7 @@ func New(opts Options) (*Agent, error) {
 		}
 		a.MPS = mps.New(mps.Config{Binary: opts.MPSBinary, Root: opts.MPSRoot, GPUs: gs, PrepareGPU: a.exclusiveProcess,
 			OnRestart: func(uuid string, cause error) {
-				mpsRestarts.WithLabelValues(opts.Node, uuid).Inc()
+				mpsRestarts.WithLabelValues(a.seriesLabels(uuid)...).Inc()
 				note := cause.Error()
 				// Who did it, as far as the agent can tell: the pods that
 				// had this GPU's pipe directory.
@@ -262,7 +264,7 @@ func New(opts Options) (*Agent, error) {
 			slices = a.slices
 		}
 		a.Sampler = metrics.NewSampler(opts.Node, a.gpus, res, a.health, slices, cfg.Stall.Window.Duration)
-		a.reg.MustRegister(a.Sampler)
+		a.register(a.Sampler)
 		kill := opts.Kill
 		if kill == nil {
 			kill = func(pid uint32) error { return syscall.Kill(int(pid), syscall.SIGKILL) }
@@ -281,10 +283,10 @@ func New(opts Options) (*Agent, error) {
 	}
 	a.zeroCounters()
 	a.probeIsolation(klog.NewContext(context.Background(), klog.Background()))
-	a.reg.MustRegister(isolationCollector{a}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	a.register(isolationCollector{a}, modeCollector{a}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tessera_agent_build_info", Help: "1, with the agent's version and revision.",
 			ConstLabels: prometheus.Labels{"node": opts.Node, "version": version.Version, "revision": version.Rev()}}, func() float64 { return 1 }))
-	a.reg.MustRegister(mpsRestarts, sliceChanges, reclaims, reclaimKilled, reclaimDuration, timeSliceClass, timeSliceFailures, assignmentChanges, refusedSlots)
+	a.register(mpsRestarts, sliceChanges, reclaims, reclaimKilled, reclaimDuration, timeSliceClass, timeSliceFailures, assignmentChanges, refusedSlots)
 	return a, nil
 }
 
@@ -294,7 +296,19 @@ const isolationReconcileEvery = 10 * time.Second
 
 var mpsRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "tessera_mps_daemon_restarts_total", Help: "MPS control daemons found dead and restarted, per GPU.",
-}, []string{"node", "gpu"})
+}, gpu.SeriesLabels)
+
+// seriesLabels are the label values of a per-GPU series of this node's GPU
+// uuid (gpu.SeriesLabels), then extra. A GPU the agent has not read (it
+// cannot happen for one it acts on) keeps its UUID, with index -1.
+func (a *Agent) seriesLabels(uuid string, extra ...string) []string {
+	for _, d := range a.devices {
+		if d.UUID == uuid {
+			return append(gpu.SeriesLabelValues(a.opts.Node, d.Index, d.UUID, d.Model), extra...)
+		}
+	}
+	return append(gpu.SeriesLabelValues(a.opts.Node, -1, uuid, ""), extra...)
+}
 
 // zeroCounters exports the event counters at 0 for every label set they
 // can take on this node, so that Prometheus' increase() sees their first
@@ -308,14 +322,14 @@ func (a *Agent) zeroCounters() {
 	assignmentChanges.WithLabelValues(node)
 	for _, d := range a.devices {
 		if a.MPS != nil {
-			mpsRestarts.WithLabelValues(node, d.UUID)
+			mpsRestarts.WithLabelValues(a.seriesLabels(d.UUID)...)
 		}
 		for _, dir := range []string{"up", "down"} {
-			sliceChanges.WithLabelValues(node, d.UUID, dir)
+			sliceChanges.WithLabelValues(a.seriesLabels(d.UUID, dir)...)
 		}
 	}
 	for _, uuid := range a.timeShared() {
-		timeSliceFailures.WithLabelValues(node, uuid)
+		timeSliceFailures.WithLabelValues(a.seriesLabels(uuid)...)
 	}
 }
 
@@ -575,7 +589,7 @@ func (a *Agent) Adjust(ctx context.Context, util map[string]float64, now time.Ti
 		if dec.To > dec.From {
 			dir = "up"
 		}
-		sliceChanges.WithLabelValues(a.opts.Node, dec.GPU, dir).Inc()
+		sliceChanges.WithLabelValues(a.seriesLabels(dec.GPU, dir)...).Inc()
 		logger.Info("GPU slice count changed", "gpu", dec.GPU, "from", dec.From, "to", dec.To, "forecast", dec.Forecast, "reason", dec.Reason)
 		a.event(ctx, now, v1.EventTypeNormal, string(dec.Reason), "AdjustSlices",
 			fmt.Sprintf("GPU %s: %d → %d slices (forecast utilization %.0f%%)", dec.GPU, dec.From, dec.To, 100*dec.Forecast))
@@ -619,7 +633,7 @@ func (a *Agent) reportAssignmentChanges(ctx context.Context) {
 
 var sliceChanges = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "tessera_gpu_slice_changes_total", Help: "Changes of a GPU's slice count by the forecast-driven adjuster, by direction.",
-}, []string{"node", "gpu", "direction"})
+}, append(append([]string{}, gpu.SeriesLabels...), "direction"))
 
 // Observe feeds an NVML event to the fault handling and republishes.
 func (a *Agent) Observe(ctx context.Context, ev nvml.Event, now time.Time) {
@@ -635,6 +649,52 @@ func (a *Agent) Observe(ctx context.Context, ev nvml.Event, now time.Time) {
 			klog.FromContext(ctx).Error(err, "Publishing the fault failed; retrying at the next pass")
 		}
 	}
+}
+
+// modeCollector exports each GPU's sharing mode: tessera_gpu_sharing_mode
+// {…, mode} 1, mode mps (the agent runs its MPS daemon), time-slicing, or
+// mig (MIG GPUs are not sliced).
+type modeCollector struct{ a *Agent }
+
+var gpuModeDesc = prometheus.NewDesc("tessera_gpu_sharing_mode",
+	"How the GPU is shared: mps (an MPS daemon per GPU), time-slicing, or mig (not sliced by Tessera). Always 1.",
+	append(append([]string{}, gpu.SeriesLabels...), "mode"), nil)
+
+func (c modeCollector) Describe(ch chan<- *prometheus.Desc) { ch <- gpuModeDesc }
+
+func (c modeCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, d := range c.a.devices {
+		mode := string(gpu.ModeTimeSlicing)
+		switch {
+		case d.MIGEnabled:
+			mode = "mig"
+		case c.a.MPS != nil:
+			mode = string(gpu.ModeMPS)
+		}
+		ch <- prometheus.MustNewConstMetric(gpuModeDesc, prometheus.GaugeValue, 1, c.a.seriesLabels(d.UUID, mode)...)
+	}
+}
+
+func (a *Agent) register(cs ...prometheus.Collector) {
+	a.reg.MustRegister(cs...)
+	a.collectors = append(a.collectors, cs...)
+}
+
+// MetricDescs describes every metric family the agent exports, from its
+// collectors' own descriptors: what dashboards and rules may name.
+func (a *Agent) MetricDescs() []*prometheus.Desc {
+	ch := make(chan *prometheus.Desc)
+	go func() {
+		for _, c := range a.collectors {
+			c.Describe(ch)
+		}
+		close(ch)
+	}()
+	var out []*prometheus.Desc
+	for d := range ch {
+		out = append(out, d)
+	}
+	return out
 }
 
 // MetricsHandler serves the agent's Prometheus metrics.

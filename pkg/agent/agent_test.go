@@ -250,7 +250,7 @@ func TestTimeSharedGPUsGetTheirClass(t *testing.T) {
 	if c := class(uuid0); c != timeslice.Long {
 		t.Fatalf("after the inference tenant left: GPU 0 %v", c)
 	}
-	if v := testutil.ToFloat64(timeSliceClass.WithLabelValues("n1", uuid0)); v != float64(timeslice.Long) {
+	if v := testutil.ToFloat64(timeSliceClass.WithLabelValues(a.seriesLabels(uuid0)...)); v != float64(timeslice.Long) {
 		t.Fatalf("tessera_gpu_timeslice_class = %v", v)
 	}
 
@@ -267,7 +267,7 @@ func TestTimeSharedGPUsGetTheirClass(t *testing.T) {
 	if fail.calls != 8 {
 		t.Fatalf("%d nvidia-smi runs for 8 GPUs in 30 s", fail.calls)
 	}
-	if v := testutil.ToFloat64(timeSliceFailures.WithLabelValues("n1", uuid1)); v < 1 {
+	if v := testutil.ToFloat64(timeSliceFailures.WithLabelValues(b.seriesLabels(uuid1)...)); v < 1 {
 		t.Fatalf("tessera_gpu_timeslice_failures_total = %v", v)
 	}
 	evs, err := client.EventsV1().Events("default").List(ctx, metav1.ListOptions{})

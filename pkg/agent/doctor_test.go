@@ -111,7 +111,8 @@ func TestEventCountersStartAtZero(t *testing.T) {
 		"go_goroutines ",
 		`tessera_reclaim_total{node="zero-node",result="stuck"} 0`,
 		`tessera_agent_assignment_changes_total{node="zero-node"} 0`,
-		`tessera_mps_daemon_restarts_total{gpu="` + uuid + `",node="zero-node"} 0`,
+		`tessera_mps_daemon_restarts_total{UUID="` + uuid + `",gpu="0",modelName=`,
+		`tessera_gpu_sharing_mode{UUID="` + uuid + `",gpu="0",mode="mps",modelName=`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %s", want)

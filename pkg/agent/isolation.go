@@ -426,16 +426,38 @@ type isolationCollector struct{ a *Agent }
 
 var sliceIsolationDesc = prometheus.NewDesc("tessera_slice_isolation",
 	"What holds each slice, per dimension: device (whole GPU), kernel (NVML cgroup limit), mps-server, mps-client (held only for cooperating clients) or none (accounted only). Always 1.",
-	[]string{"node", "gpu", "namespace", "pod", "container", "dimension", "mechanism"}, nil)
+	append(append([]string{}, gpu.TenantSeriesLabels...), "dimension", "mechanism"), nil)
 
-func (c isolationCollector) Describe(ch chan<- *prometheus.Desc) { ch <- sliceIsolationDesc }
+// The grants, per container and GPU, for the tenants' usage
+// (tessera_container_gpu_*_used) to be read against.
+var (
+	grantedMemoryDesc = prometheus.NewDesc("tessera_container_gpu_memory_granted_bytes",
+		"GPU memory granted to a container on one GPU by its assignment (a whole GPU: the GPU's memory).",
+		gpu.TenantSeriesLabels, nil)
+	grantedCoresDesc = prometheus.NewDesc("tessera_container_gpu_cores_granted_ratio",
+		"Share of one GPU's SMs granted to a container by its assignment, 0-1.",
+		gpu.TenantSeriesLabels, nil)
+)
+
+func (c isolationCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- sliceIsolationDesc
+	ch <- grantedMemoryDesc
+	ch <- grantedCoresDesc
+}
 
 func (c isolationCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, p := range c.a.activePods(nil) {
+		for _, ctr := range p.asg.Containers {
+			for _, g := range ctr.GPUs {
+				l := c.a.seriesLabels(g.UUID, p.pod.Namespace, p.pod.Name, ctr.Name)
+				ch <- prometheus.MustNewConstMetric(grantedMemoryDesc, prometheus.GaugeValue, float64(g.MemoryMiB)*(1<<20), l...)
+				ch <- prometheus.MustNewConstMetric(grantedCoresDesc, prometheus.GaugeValue, float64(g.CoresPerMille)/gpu.CoresPerGPU, l...)
+			}
+		}
 		for _, g := range c.a.guaranteesOf(p.pod, p.asg) {
 			for dim, m := range map[string]gpu.Mechanism{"memory": g.Memory, "compute": g.Compute} {
 				ch <- prometheus.MustNewConstMetric(sliceIsolationDesc, prometheus.GaugeValue, 1,
-					c.a.opts.Node, g.GPU, p.pod.Namespace, p.pod.Name, g.Container, dim, string(m))
+					c.a.seriesLabels(g.GPU, p.pod.Namespace, p.pod.Name, g.Container, dim, string(m))...)
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"errors"
 	"os"
 	"os/exec"
@@ -187,6 +188,14 @@ func TestKernelMemoryLimitsHoldTimeSlicedSlices(t *testing.T) {
 	if got := mech["old-3/"+n.uuids[last]+"/memory"]; got != "none" {
 		t.Errorf("tessera_slice_isolation for old-3 memory = %q, want none", got)
 	}
+	// The grants, for the tenants' usage to be read against.
+	grants := grantSeries(t, n.a)
+	if got, want := grants["train-1/main/"+n.uuids[0]], fmt.Sprintf("%d/0.50", 20*gib); got != want {
+		t.Errorf("train-1's grant series = %q, want %q (all: %v)", got, want, grants)
+	}
+	if got, want := grants["old-3/main/"+n.uuids[last]], fmt.Sprintf("%d/0.25", 8*gib); got != want {
+		t.Errorf("old-3's grant series = %q, want %q", got, want)
+	}
 
 	// A crashed agent's leftover on a pod that holds no GPU any more, and
 	// an ended pod whose cgroup lingers: both cleared; the running pod
@@ -223,9 +232,38 @@ func isolationSeries(t *testing.T, a *Agent) map[string]string {
 	}
 	out := map[string]string{}
 	for _, mf := range mfs {
+		if mf.GetName() != "tessera_slice_isolation" {
+			continue
+		}
 		for _, m := range mf.GetMetric() {
 			l := labelsOf(m)
-			out[l["pod"]+"/"+l["gpu"]+"/"+l["dimension"]] = l["mechanism"]
+			out[l["pod"]+"/"+l["UUID"]+"/"+l["dimension"]] = l["mechanism"]
+		}
+	}
+	return out
+}
+
+// grantSeries reads the grants the agent exports: pod/container/UUID →
+// "memory bytes/cores ratio".
+func grantSeries(t *testing.T, a *Agent) map[string]string {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(isolationCollector{a})
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			l := labelsOf(m)
+			k := l["pod"] + "/" + l["container"] + "/" + l["UUID"]
+			switch mf.GetName() {
+			case "tessera_container_gpu_memory_granted_bytes":
+				out[k] = fmt.Sprintf("%.0f", m.GetGauge().GetValue()) + out[k]
+			case "tessera_container_gpu_cores_granted_ratio":
+				out[k] += fmt.Sprintf("/%.2f", m.GetGauge().GetValue())
+			}
 		}
 	}
 	return out

@@ -58,6 +58,17 @@ func New(cfg *config.AllocatorConfig, w *Workload) (*Allocator, error) {
 // Policy is the allocator's scoring policy.
 func (a *Allocator) Policy() config.Policy { return a.policy }
 
+// Fragmentation is n's expected fragmentation F_n(M) against the
+// allocator's target workload, per-mille of a GPU: the free GPU compute on
+// n that the workload's typical pods cannot use. ok is false without a
+// workload (no GPU pod seen yet).
+func (a *Allocator) Fragmentation(n *Node) (perMille float64, ok bool) {
+	if a.workload == nil {
+		return 0, false
+	}
+	return a.workload.Fragmentation(n, a.oversub), true
+}
+
 // WithWorkload returns an allocator like a scoring against w.
 func (a *Allocator) WithWorkload(w *Workload) *Allocator {
 	b := *a

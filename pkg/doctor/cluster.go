@@ -141,7 +141,7 @@ func GatherCluster(ctx context.Context, client kubernetes.Interface, o ClusterOp
 	add := func(mfs map[string]*dto.MetricFamily) {
 		for _, m := range mfs["tessera_gpu_stall_ratio"].GetMetric() {
 			l := labels(m)
-			f.Stalls = append(f.Stalls, GPUStall{Node: l["node"], GPU: l["gpu"], Ratio: m.GetGauge().GetValue()})
+			f.Stalls = append(f.Stalls, GPUStall{Node: l["node"], GPU: l["UUID"], Ratio: m.GetGauge().GetValue()})
 		}
 	}
 	if len(o.AgentMetrics) > 0 {

@@ -70,7 +70,7 @@ func policies(bound ...string) []runtime.Object {
 // is found with its remedy; a healthy cluster is all ok.
 func TestClusterFaults(t *testing.T) {
 	stallServer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = w.Write([]byte("# TYPE tessera_gpu_stall_ratio gauge\ntessera_gpu_stall_ratio{node=\"n1\",gpu=\"GPU-n1\",index=\"0\"} 0.4\ntessera_gpu_stall_ratio{node=\"n1\",gpu=\"GPU-n2\",index=\"1\"} 0.05\n"))
+		_, _ = w.Write([]byte("# TYPE tessera_gpu_stall_ratio gauge\ntessera_gpu_stall_ratio{node=\"n1\",gpu=\"0\",UUID=\"GPU-n1\"} 0.4\ntessera_gpu_stall_ratio{node=\"n1\",gpu=\"1\",UUID=\"GPU-n2\"} 0.05\n"))
 	}))
 	defer stallServer.Close()
 	schedServer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {

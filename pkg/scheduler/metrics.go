@@ -1,10 +1,10 @@
 package scheduler
 
 import (
-	"strconv"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/component-base/metrics"
 	"k8s.io/component-base/metrics/legacyregistry"
 
@@ -14,8 +14,8 @@ import (
 
 const metricsSubsystem = "tessera_scheduler"
 
-// gpuLabels identify one GPU in the per-GPU series.
-var gpuLabels = []string{"node", "gpu", "index", "model"}
+// gpuLabels identify one GPU in the per-GPU series, as the agent's do.
+var gpuLabels = gpu.SeriesLabels
 
 var (
 	gpuAllocatedMemory = metrics.NewGaugeVec(&metrics.GaugeOpts{
@@ -98,6 +98,19 @@ var (
 		Help:           "Preemption victims gone from the API server whose slices stay booked until their node's agent confirms their GPUs clean.",
 		StabilityLevel: metrics.ALPHA,
 	})
+	nodeFreeGPUs = metrics.NewGaugeVec(&metrics.GaugeOpts{
+		Subsystem:      metricsSubsystem,
+		Name:           "node_free_gpus",
+		Help:           "Unallocated compute of a node's healthy GPUs, in GPUs (a half-used GPU counts 0.5).",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"node"})
+	nodeFragmentedGPUs = metrics.NewGaugeVec(&metrics.GaugeOpts{
+		Subsystem: metricsSubsystem,
+		Name:      "node_fragmented_gpus",
+		Help: "Of a node's free GPU compute, in GPUs, what the typical GPU pods (the recent requests' workload) cannot use: " +
+			"the FGD paper's fragmentation F_n(M), as of the node's last change.",
+		StabilityLevel: metrics.ALPHA,
+	}, []string{"node"})
 	reclaimTimeouts = metrics.NewCounter(&metrics.CounterOpts{
 		Subsystem:      metricsSubsystem,
 		Name:           "preemption_reclaim_timeouts_total",
@@ -108,14 +121,40 @@ var (
 
 var registerOnce sync.Once
 
+// collectors are the plugin's metrics, as registered.
+func collectors() []metrics.Registerable {
+	return []metrics.Registerable{gpuAllocatedMemory, gpuAllocatedCores, gpuAllocatedSlices, gpuMemoryTotal,
+		nodeFreeGPUs, nodeFragmentedGPUs, unschedulable, pluginDuration, orphanedPods, inventoryErrors, assignmentErrors, assignmentChanges,
+		preemptions, victimsPerPreemption, awaitingReclaim, reclaimTimeouts}
+}
+
+// MetricDescs describes every metric family the plugin exports, from the
+// metrics' own descriptors (registering them first, as the scheduler does):
+// what dashboards and rules may name.
+func MetricDescs() []*prometheus.Desc {
+	registerMetrics()
+	ch := make(chan *prometheus.Desc)
+	go func() {
+		for _, c := range collectors() {
+			c.Describe(ch)
+		}
+		pending.Describe(ch)
+		close(ch)
+	}()
+	var out []*prometheus.Desc
+	for d := range ch {
+		out = append(out, d)
+	}
+	return out
+}
+
 // registerMetrics adds the plugin's metrics to the scheduler's registry, the
 // one its /metrics endpoint serves. Several plugin instances (profiles, or a
 // restart inside one process) share them.
 func registerMetrics() {
 	registerOnce.Do(func() {
-		legacyregistry.MustRegister(gpuAllocatedMemory, gpuAllocatedCores, gpuAllocatedSlices, gpuMemoryTotal,
-			unschedulable, pluginDuration, orphanedPods, inventoryErrors, assignmentErrors, assignmentChanges,
-			preemptions, victimsPerPreemption, awaitingReclaim, reclaimTimeouts)
+		legacyregistry.MustRegister(collectors()...)
+		legacyregistry.CustomMustRegister(pending)
 	})
 }
 
@@ -123,7 +162,7 @@ func registerMetrics() {
 func recordNode(name string, n *allocator.Node) {
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
-		lv := []string{name, g.UUID, strconv.Itoa(g.Index), g.Model}
+		lv := gpu.SeriesLabelValues(name, g.Index, g.UUID, g.Model)
 		gpuAllocatedMemory.WithLabelValues(lv...).Set(float64(g.MemoryUsedMiB()) * (1 << 20))
 		gpuAllocatedCores.WithLabelValues(lv...).Set(float64(g.CoresUsed()) / gpu.CoresPerGPU)
 		gpuAllocatedSlices.WithLabelValues(lv...).Set(float64(g.Tenants()))
@@ -131,16 +170,28 @@ func recordNode(name string, n *allocator.Node) {
 	}
 }
 
+// recordFragmentation sets a node's free and fragmented GPU compute against
+// the allocator's target workload (none before the first GPU pod: then only
+// the free compute is known).
+func recordFragmentation(name string, n *allocator.Node, a *allocator.Allocator) {
+	nodeFreeGPUs.WithLabelValues(name).Set(float64(n.GPUFree()) / gpu.CoresPerGPU)
+	if f, ok := a.Fragmentation(n); ok {
+		nodeFragmentedGPUs.WithLabelValues(name).Set(f / gpu.CoresPerGPU)
+	}
+}
+
 // forgetNode drops the per-GPU series of a node that is gone.
 func forgetNode(name string, gpus []allocator.GPU) {
 	for i := range gpus {
 		g := &gpus[i]
-		lv := []string{name, g.UUID, strconv.Itoa(g.Index), g.Model}
+		lv := gpu.SeriesLabelValues(name, g.Index, g.UUID, g.Model)
 		gpuAllocatedMemory.DeleteLabelValues(lv...)
 		gpuAllocatedCores.DeleteLabelValues(lv...)
 		gpuAllocatedSlices.DeleteLabelValues(lv...)
 		gpuMemoryTotal.DeleteLabelValues(lv...)
 	}
+	nodeFreeGPUs.DeleteLabelValues(name)
+	nodeFragmentedGPUs.DeleteLabelValues(name)
 }
 
 // observe records an extension point's latency since start.

@@ -115,6 +115,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	factory := h.SharedInformerFactory()
 	p := &Plugin{handle: h, cfg: cfg, preemptCfg: all.Preemption,
 		pods: factory.Core().V1().Pods().Lister(), pdbs: factory.Policy().V1().PodDisruptionBudgets().Lister()}
+	pending.setPods(p.pods)
 
 	sharedMu.Lock()
 	defer sharedMu.Unlock()
@@ -127,7 +128,10 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 		return p, nil
 	}
 	s := &shared{cache: NewCache(cfg.MemoryOversubscription), workload: newWorkloadTracker(base, cfg.WorkloadCoverage)}
-	s.cache.onNodeChange = recordNode
+	s.cache.onNodeChange = func(name string, n *allocator.Node) {
+		recordNode(name, n)
+		recordFragmentation(name, n, s.workload.Current())
+	}
 	s.cache.onNodeGone = forgetNode
 	p.shared = s
 	logger := klog.FromContext(ctx).WithName(Name)
@@ -190,6 +194,9 @@ type stateData struct {
 	// nominated are the pods nominated to a node that the framework asks
 	// Filter to count as placed there (AddPod).
 	nominated map[string][]nominatedPod
+	// rejected tallies Filter's reasons, for PostFilter to record why the
+	// pod waits (shared by clones: one cycle's tally).
+	rejected *rejections
 }
 
 // Clone shares the data, except the nominated pods, which the framework
@@ -248,7 +255,7 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		unschedulable.WithLabelValues("InvalidRequest").Inc()
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
 	}
-	state.Write(stateKey, &stateData{req: req, slots: podgpu.Slots(pod), shape: req.Key(), alloc: p.workload.Current()})
+	state.Write(stateKey, &stateData{req: req, slots: podgpu.Slots(pod), shape: req.Key(), alloc: p.workload.Current(), rejected: &rejections{}})
 	return nil, nil
 }
 
@@ -296,13 +303,16 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod, node
 	}
 	if err != nil {
 		unschedulable.WithLabelValues("NoInventory").Inc()
+		s.rejected.add("NoInventory")
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, p.noInventoryReason(nodeInfo.Node().Name))
 	}
 	if st := slotsFit(s.slots, nodeInfo); st != nil {
+		s.rejected.add("InsufficientSlots")
 		return st
 	}
 	if !reason.OK() {
 		unschedulable.WithLabelValues(reason.Code.String()).Inc()
+		s.rejected.add(reason.Code.String())
 		return fwk.NewStatus(fwk.Unschedulable, reason.String())
 	}
 	return nil
@@ -420,6 +430,7 @@ func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 		return fwk.NewStatus(fwk.Unschedulable, reason.String())
 	}
 	s.assignment = asg
+	pending.reasons.placed(pod.UID)
 	klog.FromContext(ctx).V(4).Info("Reserved GPUs", "pod", klog.KObj(pod), "node", nodeName, "assignment", asg)
 	return nil
 }

@@ -135,6 +135,7 @@ func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.P
 	if s == nil {
 		return nil, fwk.NewStatus(fwk.Unschedulable)
 	}
+	pending.reasons.set(pod, s.rejected.dominant())
 	logger := klog.FromContext(ctx).WithValues("preemptor", klog.KObj(pod))
 	if pod.Spec.PreemptionPolicy != nil && *pod.Spec.PreemptionPolicy == v1.PreemptNever {
 		return nil, fwk.NewStatus(fwk.Unschedulable, "not preempting: the pod's preemptionPolicy is Never")

@@ -380,7 +380,7 @@ func (s *Snapshot) addUsageFrom(r io.Reader) error {
 		}
 		for _, m := range f.GetMetric() {
 			l := labelMap(m)
-			into[key{l["gpu"], l["namespace"], l["pod"], l["container"]}] = m.GetGauge().GetValue()
+			into[key{l["UUID"], l["namespace"], l["pod"], l["container"]}] = m.GetGauge().GetValue()
 		}
 	}
 	read("tessera_container_gpu_memory_used_bytes", mem)

@@ -21,9 +21,9 @@ import (
 )
 
 const agentMetrics = `# TYPE tessera_container_gpu_memory_used_bytes gauge
-tessera_container_gpu_memory_used_bytes{container="main",gpu="GPU-a",index="0",model="m",namespace="ns",node="node-2",pod="infer"} 4.294967296e+09
+tessera_container_gpu_memory_used_bytes{UUID="GPU-a",container="main",gpu="0",modelName="m",namespace="ns",node="node-2",pod="infer"} 4.294967296e+09
 # TYPE tessera_container_gpu_sm_utilization_ratio gauge
-tessera_container_gpu_sm_utilization_ratio{container="main",gpu="GPU-a",index="0",model="m",namespace="ns",node="node-2",pod="infer"} 0.17
+tessera_container_gpu_sm_utilization_ratio{UUID="GPU-a",container="main",gpu="0",modelName="m",namespace="ns",node="node-2",pod="infer"} 0.17
 `
 
 // proxied answers the API server's pod proxy with an agent's metrics.

@@ -52,8 +52,15 @@ func gauge(t testing.TB, name string, labels map[string]string) float64 {
 func checkMetrics(t *testing.T, nodes map[string]*allocator.Node) {
 	t.Helper()
 	for name, n := range nodes {
+		free := gauge(t, "tessera_scheduler_node_free_gpus", map[string]string{"node": name})
+		if want := float64(n.GPUFree()) / gpu.CoresPerGPU; free != want {
+			t.Errorf("node %s: free GPUs metric %v, recount %v", name, free, want)
+		}
+		if frag := gauge(t, "tessera_scheduler_node_fragmented_gpus", map[string]string{"node": name}); frag < 0 || frag > free {
+			t.Errorf("node %s: fragmented GPUs %v, want within 0–%v (free)", name, frag, free)
+		}
 		for _, g := range n.GPUs {
-			l := map[string]string{"node": name, "gpu": g.UUID, "index": strconv.Itoa(g.Index)}
+			l := map[string]string{"node": name, "gpu": strconv.Itoa(g.Index), "UUID": g.UUID}
 			if got, want := gauge(t, "tessera_scheduler_gpu_allocated_slices", l), float64(g.Tenants()); got != want {
 				t.Errorf("%s slices metric %v, recount %v", g.UUID, got, want)
 			}

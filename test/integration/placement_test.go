@@ -198,12 +198,19 @@ func TestDeletionLetsWaitingPodIn(t *testing.T) {
 		return strings.Contains(c.unschedulableMessage(ns, "second"), "whole")
 	})
 	t.Logf("second waits: %s", c.unschedulableMessage(ns, "second"))
+	// The scheduler's metrics say a GPU pod waits, and why.
+	if n := gauge(t, "tessera_scheduler_pending_gpu_pods", map[string]string{"reason": "NotEnoughWholeGPUs"}); n != 1 {
+		t.Errorf("tessera_scheduler_pending_gpu_pods{reason=NotEnoughWholeGPUs} = %v, want 1", n)
+	}
 	start := time.Now()
 	if err := c.client.CoreV1().Pods(ns).Delete(c.ctx, "first", zeroGrace); err != nil {
 		t.Fatal(err)
 	}
 	c.waitBound(ns, []string{"second"}, 30*time.Second)
 	t.Logf("waiting pod bound %v after the GPU pod was deleted", time.Since(start).Round(time.Millisecond))
+	if n := gauge(t, "tessera_scheduler_pending_gpu_pods", map[string]string{"reason": "NotEnoughWholeGPUs"}); n > 0 {
+		t.Errorf("after it was placed, tessera_scheduler_pending_gpu_pods{reason=NotEnoughWholeGPUs} = %v", n)
+	}
 	c.recount(inv)
 
 	// A node whose agent publishes its inventory late.

@@ -4,8 +4,9 @@
 // replaces the snapshot a scrape reads. Scrapes never touch NVML, so a slow
 // or hung driver call delays the next snapshot, not Prometheus.
 //
-// Series (labels node, gpu = UUID, model, index on every GPU series; plus
-// namespace, pod, container on the per-tenant ones):
+// Series (labels gpu.SeriesLabels — node, gpu = index, UUID, modelName, as
+// DCGM exporter names them — on every GPU series; plus namespace, pod,
+// container on the per-tenant ones):
 //
 //	tessera_gpu_memory_used_bytes, tessera_gpu_memory_total_bytes
 //	tessera_gpu_sm_utilization_ratio        device SM ("GPU") utilization, 0–1
@@ -23,7 +24,6 @@ package metrics
 import (
 	"math"
 	"sort"
-	"strconv"
 	"sync"
 	"time"
 
@@ -32,6 +32,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent/health"
 	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
 	"github.com/tessera-gpu/tessera/pkg/agent/tenants"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
 )
 
 // Stall is the stall ratio of one GPU: among the samples of the last window
@@ -237,8 +238,8 @@ func (s *Sampler) Utilization() map[string]float64 {
 }
 
 var (
-	gpuLabels    = []string{"node", "gpu", "model", "index"}
-	tenantLabels = []string{"node", "gpu", "model", "index", "namespace", "pod", "container"}
+	gpuLabels    = gpu.SeriesLabels
+	tenantLabels = gpu.TenantSeriesLabels
 
 	descMemUsed   = prometheus.NewDesc("tessera_gpu_memory_used_bytes", "GPU memory in use, all processes.", gpuLabels, nil)
 	descMemTotal  = prometheus.NewDesc("tessera_gpu_memory_total_bytes", "GPU memory.", gpuLabels, nil)
@@ -273,7 +274,7 @@ func (s *Sampler) Collect(ch chan<- prometheus.Metric) {
 	const mib = 1 << 20
 	for _, g := range snap {
 		u := g.usage
-		l := []string{s.node, u.UUID, g.model, strconv.Itoa(u.Index)}
+		l := gpu.SeriesLabelValues(s.node, u.Index, u.UUID, g.model)
 		gauge := func(d *prometheus.Desc, v float64, labels []string) {
 			if !math.IsNaN(v) {
 				ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)

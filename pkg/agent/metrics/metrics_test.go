@@ -152,7 +152,7 @@ func TestScrapeMatchesTheReadingsPerTenant(t *testing.T) {
 	}
 	fams := scrape(t, n.sampler)
 	uuid2, _ := n.srv.Devices[2].GetUUID()
-	gpu2 := map[string]string{"node": "node-a", "gpu": uuid2, "model": "NVIDIA H100 80GB HBM3", "index": "2"}
+	gpu2 := map[string]string{"node": "node-a", "gpu": "2", "UUID": uuid2, "modelName": "NVIDIA H100 80GB HBM3"}
 	for _, c := range []struct {
 		name string
 		want float64
@@ -174,7 +174,7 @@ func TestScrapeMatchesTheReadingsPerTenant(t *testing.T) {
 	}
 	// GPU 2's two processes belong to one pod container: one tenant series
 	// with their sum.
-	tenant := map[string]string{"gpu": uuid2, "namespace": "ns-2", "pod": "pod-200", "container": "main"}
+	tenant := map[string]string{"UUID": uuid2, "namespace": "ns-2", "pod": "pod-200", "container": "main"}
 	if got, _ := value(t, fams, "tessera_container_gpu_memory_used_bytes", tenant); got != 3<<30 {
 		t.Errorf("tenant memory = %v, want 3 GiB", got)
 	}
@@ -184,7 +184,7 @@ func TestScrapeMatchesTheReadingsPerTenant(t *testing.T) {
 	// Every other GPU has two tenants, each with its own series.
 	uuid4, _ := n.srv.Devices[4].GetUUID()
 	for k, pod := range []string{"pod-400", "pod-401"} {
-		l := map[string]string{"gpu": uuid4, "namespace": "ns-4", "pod": pod, "container": "main"}
+		l := map[string]string{"UUID": uuid4, "namespace": "ns-4", "pod": pod, "container": "main"}
 		if got, ok := value(t, fams, "tessera_container_gpu_memory_used_bytes", l); !ok || got != float64(uint64(1+k)<<30) {
 			t.Errorf("%s memory = %v (present %v)", pod, got, ok)
 		}
@@ -193,13 +193,13 @@ func TestScrapeMatchesTheReadingsPerTenant(t *testing.T) {
 		t.Errorf("%d tenant series, want 15 (two per GPU, one on GPU 2)", got)
 	}
 	uuid5, _ := n.srv.Devices[5].GetUUID()
-	if got, _ := value(t, fams, "tessera_gpu_throttled", map[string]string{"gpu": uuid5}); got != 1 {
+	if got, _ := value(t, fams, "tessera_gpu_throttled", map[string]string{"UUID": uuid5}); got != 1 {
 		t.Errorf("GPU 5 throttled = %v", got)
 	}
-	if got, _ := value(t, fams, "tessera_gpu_stall_ratio", map[string]string{"gpu": uuid5}); got != 1 {
+	if got, _ := value(t, fams, "tessera_gpu_stall_ratio", map[string]string{"UUID": uuid5}); got != 1 {
 		t.Errorf("GPU 5 stall ratio = %v, want 1 (busy and throttled in every sample)", got)
 	}
-	if got, _ := value(t, fams, "tessera_gpu_healthy", map[string]string{"gpu": uuid7}); got != 0 {
+	if got, _ := value(t, fams, "tessera_gpu_healthy", map[string]string{"UUID": uuid7}); got != 0 {
 		t.Errorf("GPU 7 healthy = %v after XID 79", got)
 	}
 }
@@ -216,14 +216,14 @@ func TestUnsupportedAndLostReadingsAreAbsent(t *testing.T) {
 	uuid1, _ := n.srv.Devices[1].GetUUID()
 	uuid3, _ := n.srv.Devices[3].GetUUID()
 	for _, name := range []string{"tessera_gpu_temperature_celsius", "tessera_gpu_power_watts", "tessera_gpu_sm_utilization_ratio"} {
-		if _, ok := value(t, fams, name, map[string]string{"gpu": uuid1}); ok {
+		if _, ok := value(t, fams, name, map[string]string{"UUID": uuid1}); ok {
 			t.Errorf("%s present for a GPU that does not support it", name)
 		}
 	}
-	if _, ok := value(t, fams, "tessera_gpu_memory_used_bytes", map[string]string{"gpu": uuid3}); ok {
+	if _, ok := value(t, fams, "tessera_gpu_memory_used_bytes", map[string]string{"UUID": uuid3}); ok {
 		t.Error("a lost GPU still reports memory")
 	}
-	if got, ok := value(t, fams, "tessera_gpu_healthy", map[string]string{"gpu": uuid3}); !ok || got != 0 {
+	if got, ok := value(t, fams, "tessera_gpu_healthy", map[string]string{"UUID": uuid3}); !ok || got != 0 {
 		t.Errorf("lost GPU healthy = %v (present %v)", got, ok)
 	}
 }
@@ -296,10 +296,10 @@ func TestVanishedGPUIsLost(t *testing.T) {
 	// all, so the unhealthy-GPU alert never fired), with its index; no
 	// reading is made up for it.
 	fams := scrape(t, n.sampler)
-	if got, ok := value(t, fams, "tessera_gpu_healthy", map[string]string{"gpu": uuid7, "index": "7"}); !ok || got != 0 {
+	if got, ok := value(t, fams, "tessera_gpu_healthy", map[string]string{"gpu": "7", "UUID": uuid7}); !ok || got != 0 {
 		t.Errorf("vanished GPU: tessera_gpu_healthy = %v (present %v), want 0", got, ok)
 	}
-	if _, ok := value(t, fams, "tessera_gpu_memory_used_bytes", map[string]string{"gpu": uuid7}); ok {
+	if _, ok := value(t, fams, "tessera_gpu_memory_used_bytes", map[string]string{"UUID": uuid7}); ok {
 		t.Error("a vanished GPU reports memory")
 	}
 }

@@ -1,0 +1,131 @@
+package scheduler
+
+import (
+	"sync"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/component-base/metrics"
+
+	"github.com/tessera-gpu/tessera/pkg/podgpu"
+)
+
+// rejections tallies, within one scheduling cycle, why nodes refused the
+// pod; Filter runs on many nodes at once.
+type rejections struct {
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func (r *rejections) add(reason string) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.counts == nil {
+		r.counts = map[string]int{}
+	}
+	r.counts[reason]++
+}
+
+// dominant is the reason most nodes gave (ties: the first by name), or
+// "Other" when Tessera refused on no node (another plugin did).
+func (r *rejections) dominant() string {
+	if r == nil {
+		return "Other"
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	best, n := "Other", 0
+	for reason, c := range r.counts {
+		if c > n || (c == n && reason < best) {
+			best, n = reason, c
+		}
+	}
+	return best
+}
+
+// pendingPod is an unschedulable GPU pod and why its last attempt failed.
+type pendingPod struct {
+	namespace, name string
+	reason          string
+}
+
+// pendingReasons remembers, per GPU pod whose last scheduling attempt found
+// no node, the reason most nodes gave; a pod leaves when it is placed, or,
+// found gone or bound at a scrape, then.
+type pendingReasons struct {
+	mu    sync.Mutex
+	byPod map[types.UID]pendingPod
+}
+
+func (p *pendingReasons) set(pod *v1.Pod, reason string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.byPod == nil {
+		p.byPod = map[types.UID]pendingPod{}
+	}
+	p.byPod[pod.UID] = pendingPod{namespace: pod.Namespace, name: pod.Name, reason: reason}
+}
+
+func (p *pendingReasons) placed(uid types.UID) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.byPod, uid)
+}
+
+// counts prunes the pods that are gone, bound or finished and counts the
+// rest by reason.
+func (p *pendingReasons) counts(pods corelisters.PodLister) map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[string]int{}
+	for uid, pp := range p.byPod {
+		pod, err := pods.Pods(pp.namespace).Get(pp.name)
+		if err != nil || pod.UID != uid || pod.Spec.NodeName != "" || podgpu.Finished(pod) {
+			delete(p.byPod, uid)
+			continue
+		}
+		out[pp.reason]++
+	}
+	return out
+}
+
+var pendingDesc = metrics.NewDesc("tessera_scheduler_pending_gpu_pods",
+	"GPU pods whose last scheduling attempt found no node, by the reason most nodes gave (the allocator's reason codes; InsufficientSlots, NoInventory, Other).",
+	[]string{"reason"}, nil, metrics.ALPHA, "")
+
+// pendingCollector exports pendingReasons at each scrape. One scheduler
+// process has one (its profiles share the registry); the newest plugin's
+// pod lister is the one it reads.
+type pendingCollector struct {
+	metrics.BaseStableCollector
+	reasons pendingReasons
+
+	mu   sync.Mutex
+	pods corelisters.PodLister
+}
+
+var pending = &pendingCollector{}
+
+func (c *pendingCollector) setPods(pods corelisters.PodLister) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.pods = pods
+}
+
+func (c *pendingCollector) DescribeWithStability(ch chan<- *metrics.Desc) { ch <- pendingDesc }
+
+func (c *pendingCollector) CollectWithStability(ch chan<- metrics.Metric) {
+	c.mu.Lock()
+	pods := c.pods
+	c.mu.Unlock()
+	if pods == nil {
+		return
+	}
+	for reason, n := range c.reasons.counts(pods) {
+		ch <- metrics.NewLazyConstMetric(pendingDesc, metrics.GaugeValue, float64(n), reason)
+	}
+}
