@@ -26,7 +26,8 @@ var manifestFiles = []struct {
 // default values with the namespace object, in tessera-system, for a cluster
 // without the Prometheus Operator. The keys are paths relative to deploy/.
 // scheduler-config.yaml is the scheduler's configuration file itself (the
-// ConfigMap's content) and prometheus/tessera-rules.yaml the rule file.
+// ConfigMap's content), prometheus/tessera-rules.yaml the rule file and
+// grafana/tessera-dashboard.json the Grafana dashboard.
 func Manifests() (map[string]string, error) {
 	r, err := Render(map[string]any{"createNamespace": true}, Options{})
 	if err != nil {
@@ -56,5 +57,11 @@ func Manifests() (map[string]string, error) {
 		return nil, err
 	}
 	out["prometheus/tessera-rules.yaml"] = generatedHeader + string(rules)
+	// JSON holds no comment: the dashboard is written as the chart has it.
+	dashboard, err := Files.ReadFile("tessera/files/tessera-dashboard.json")
+	if err != nil {
+		return nil, err
+	}
+	out["grafana/tessera-dashboard.json"] = string(dashboard)
 	return out, nil
 }

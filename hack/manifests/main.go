@@ -39,6 +39,10 @@ func main() {
 			stale++
 			continue
 		}
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			fmt.Fprintf(os.Stderr, "manifests: %v\n", err)
+			os.Exit(1)
+		}
 		if err := os.WriteFile(p, []byte(files[n]), 0o644); err != nil {
 			fmt.Fprintf(os.Stderr, "manifests: %v\n", err)
 			os.Exit(1)

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/component-base/metrics"
 	"k8s.io/component-base/metrics/legacyregistry"
+	kubemetrics "k8s.io/kubernetes/pkg/scheduler/metrics"
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
@@ -128,17 +129,20 @@ func collectors() []metrics.Registerable {
 		preemptions, victimsPerPreemption, awaitingReclaim, reclaimTimeouts}
 }
 
-// MetricDescs describes every metric family the plugin exports, from the
-// metrics' own descriptors (registering them first, as the scheduler does):
-// what dashboards and rules may name.
+// MetricDescs describes every metric family the plugin exports, and the
+// kube-scheduler families Tessera's dashboard reads from the same endpoint,
+// from the metrics' own descriptors (registering them first, as the
+// scheduler does): what dashboards and rules may name.
 func MetricDescs() []*prometheus.Desc {
 	registerMetrics()
+	kubemetrics.Register()
 	ch := make(chan *prometheus.Desc)
 	go func() {
 		for _, c := range collectors() {
 			c.Describe(ch)
 		}
 		pending.Describe(ch)
+		kubemetrics.PodSchedulingSLIDuration.Describe(ch)
 		close(ch)
 	}()
 	var out []*prometheus.Desc
