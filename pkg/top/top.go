@@ -66,7 +66,9 @@ type GPU struct {
 	Model     string `json:"model"`
 	MemoryMiB int64  `json:"memoryMiB"`
 	Healthy   bool   `json:"healthy"`
-	Slices    int    `json:"slices,omitempty"`
+	// Cordoned: its node takes no new pods (kubectl cordon, or drained).
+	Cordoned bool `json:"cordoned,omitempty"`
+	Slices   int  `json:"slices,omitempty"`
 	// MPS: the GPU runs MPS (its agent's inventory says so); the agent
 	// keeps it in exclusive-process mode, where no tenant can time-slice.
 	MPS     bool     `json:"mps"`
@@ -146,6 +148,23 @@ type Snapshot struct {
 	// hold its device-plugin slots (the agent refuses them their GPUs;
 	// kubelet keeps their slots until they are deleted).
 	Held []string `json:"held,omitempty"`
+	// PendingPods are the GPU pods not yet placed, with the scheduler's
+	// last word on each (Pending counts them).
+	PendingPods []PendingPod `json:"pendingPods,omitempty"`
+	// Fragmentation is the free GPU compute and what of it the cluster's
+	// typical and waiting GPU pods cannot use.
+	Fragmentation Fragmentation `json:"fragmentation"`
+}
+
+// PendingPod is a GPU pod not yet placed.
+type PendingPod struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	// Reason is the scheduler's message on the pod's PodScheduled
+	// condition ("0/4 nodes are available: …"), empty before its first
+	// attempt.
+	Reason string      `json:"reason"`
+	Since  metav1.Time `json:"since"`
 }
 
 // Collect reads the inventories and the pods' assignments.
@@ -160,6 +179,9 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 	}
 	snap := &Snapshot{}
 	byUUID := map[string]int{}
+	var invs []*gpu.NodeInventory
+	placed := map[string][]placedPod{}
+	var requests []*gpu.Request
 	for i := range nodes.Items {
 		inv, err := inventory.FromNode(&nodes.Items[i])
 		if err != nil {
@@ -169,10 +191,12 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 		if inv == nil {
 			continue
 		}
+		invs = append(invs, inv)
 		for _, d := range inv.GPUs {
 			byUUID[d.UUID] = len(snap.GPUs)
 			snap.GPUs = append(snap.GPUs, GPU{Node: inv.Node, Index: d.Index, UUID: d.UUID, Model: d.Model,
-				MemoryMiB: d.MemoryMiB, Healthy: d.Healthy, Slices: d.Slices, MPS: d.MPSCapable, Offer: d.Offer()})
+				MemoryMiB: d.MemoryMiB, Healthy: d.Healthy, Cordoned: nodes.Items[i].Spec.Unschedulable,
+				Slices: d.Slices, MPS: d.MPSCapable, Offer: d.Offer()})
 		}
 	}
 	for i := range pods.Items {
@@ -180,15 +204,32 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 		if !podgpu.WantsGPU(p) || podgpu.Finished(p) {
 			continue
 		}
+		greq, reqErr := podgpu.Request(p)
+		if reqErr == nil {
+			requests = append(requests, greq)
+		}
 		a, err := podgpu.BoundAssignment(p)
 		if err != nil || a == nil {
 			if p.Spec.NodeName == "" {
 				snap.Pending++
+				pp := PendingPod{Namespace: p.Namespace, Name: p.Name, Since: p.CreationTimestamp}
+				for _, c := range p.Status.Conditions {
+					if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse {
+						pp.Reason = c.Message
+					}
+				}
+				if reqErr != nil && pp.Reason == "" {
+					pp.Reason = reqErr.Error()
+				}
+				snap.PendingPods = append(snap.PendingPods, pp)
 			} else if n := podgpu.Slots(p); n > 0 {
 				snap.Held = append(snap.Held, fmt.Sprintf("%s/%s holds %d GPU slot(s) of %s without a Tessera assignment; kubelet gives them to no other pod until it is deleted",
 					p.Namespace, p.Name, n, p.Spec.NodeName))
 			}
 			continue
+		}
+		if reqErr == nil {
+			placed[a.Node] = append(placed[a.Node], placedPod{assignment: a, cpuMilli: greq.CPUMilli, memMiB: greq.MemoryMiB})
 		}
 		state := string(p.Status.Phase)
 		switch {
@@ -237,6 +278,14 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 			}
 		}
 	}
+	snap.Fragmentation = measureFragmentation(invs, placed, requests)
+	sort.Slice(snap.PendingPods, func(i, j int) bool {
+		a, b := snap.PendingPods[i], snap.PendingPods[j]
+		if a.Namespace != b.Namespace {
+			return a.Namespace < b.Namespace
+		}
+		return a.Name < b.Name
+	})
 	sort.Slice(snap.GPUs, func(i, j int) bool {
 		a, b := snap.GPUs[i], snap.GPUs[j]
 		if a.Node != b.Node {
