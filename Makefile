@@ -6,7 +6,7 @@ OPENB ?= ../shared/traces/openb
 # deprecation warnings (about 300 lines on a cold build) say nothing about Tessera.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: demo demo-sim test test-short rules images manifests apt-lists bench bench-allocate bench-sim bench-scheduler fuzz build vet fmt-check openb clean
+.PHONY: demo demo-sim test test-short rules images manifests apt-lists browser web-screenshot bench bench-allocate bench-sim bench-scheduler fuzz build vet fmt-check openb clean
 
 ## demo: a local playground cluster (4 simulated nodes × 8 H100s) with a sample workload; prints where each pod landed.
 demo:
@@ -18,7 +18,7 @@ demo-sim:
 	$(GO) run ./cmd/tessera sim --seeds 42-46
 
 ## test: every test of the repository (vet, formatting and the Prometheus rules first); the openb replays need ../shared.
-test: vet fmt-check rules apt-lists
+test: vet fmt-check rules apt-lists browser
 	$(GO) test -count=1 -timeout 30m ./...
 
 # The image test fetches the agent's Debian packages with apt-get download,
@@ -27,6 +27,18 @@ test: vet fmt-check rules apt-lists
 apt-lists:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1; then \
 		echo "fetching apt's package lists (for the agent image's Debian packages)"; apt-get update -qq; fi
+
+# The web view's test drives Debian's chromium headless; make installs it
+# when missing, as root only (elsewhere the test says how and skips).
+browser:
+	@if ! command -v chromium >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's chromium (for the web view's browser test)"; \
+		(ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1 || apt-get update -qq) && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; fi
+
+## web-screenshot: a screenshot of the web view (tessera top --web) on the demo workload, into out/web-view.png.
+web-screenshot: browser
+	TESSERA_WEB_SCREENSHOT=$(CURDIR)/out/web-view.png $(GO) test -count=1 -run TestWebViewInHeadlessChromium -v ./test/e2e/ | grep -E 'screenshot|PASS|FAIL|ok'
 
 ## rules: check and unit-test the shipped Prometheus rules with promtool (built from Go modules, pinned in hack/tools).
 rules: bin/promtool

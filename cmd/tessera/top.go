@@ -2,18 +2,22 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"github.com/spf13/cobra"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/pkg/top"
+	"github.com/tessera-gpu/tessera/pkg/top/web"
 )
 
 // runTop is `tessera top`: who holds which GPU slice, from any cluster's
@@ -31,6 +35,7 @@ func newTopCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 		output  = fs.StringP("output", "o", "", "output format: json or yaml (default: a table)")
 		metrics = fs.String("metrics", "", "comma-separated agent metrics URLs (http://node:9401/metrics) for live usage per tenant (default: the tessera-agent pods in tessera-system, through the API server's proxy)")
 		watch   = fs.Duration("watch", 0, "print again at this interval until Ctrl-C")
+		webAddr = fs.String("web", "", "serve a live web view at this address (:8080, 127.0.0.1:0) instead of printing, until Ctrl-C")
 	)
 	cluster := bindClusterFlags(fs)
 	cmd.RunE = func(*cobra.Command, []string) error {
@@ -51,26 +56,28 @@ func newTopCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			for {
-				snap, err := top.Collect(ctx, client)
+			collect := collector(client, strings.Split(*metrics, ","), func(err error) {
+				// Usage is extra: the view stands without it.
+				fmt.Fprintf(stderr, "tessera top: live usage incomplete: %v\n", err)
+			})
+			if *webAddr != "" {
+				url, done, err := serveWeb(ctx, *webAddr, collect)
 				if err != nil {
+					fmt.Fprintf(stderr, "tessera top: %v\n", err)
+					return exitUsage
+				}
+				fmt.Fprintf(stdout, "Web view at %s (Ctrl-C stops)\n", url)
+				if err := <-done; err != nil {
 					fmt.Fprintf(stderr, "tessera top: %v\n", err)
 					return exitError
 				}
-				if *metrics == "" {
-					// The agents' pods, through the API server's proxy.
-					if _, err := snap.AddUsageFromAgents(ctx, client); err != nil {
-						// Usage is extra: the table stands without it.
-						fmt.Fprintf(stderr, "tessera top: live usage incomplete: %v\n", err)
-					}
-				}
-				for _, m := range strings.Split(*metrics, ",") {
-					if m = strings.TrimSpace(m); m == "" {
-						continue
-					}
-					if err := snap.AddUsage(ctx, m); err != nil {
-						fmt.Fprintf(stderr, "tessera top: no live usage from %v\n", err)
-					}
+				return exitOK
+			}
+			for {
+				snap, err := collect(ctx)
+				if err != nil {
+					fmt.Fprintf(stderr, "tessera top: %v\n", err)
+					return exitError
 				}
 				if *watch > 0 {
 					fmt.Fprintf(stdout, "\n%s\n", time.Now().Format(time.TimeOnly))
@@ -91,4 +98,64 @@ func newTopCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 		return nil
 	}
 	return cmd
+}
+
+// collector reads what `tessera top` shows: the GPUs and their tenants
+// (nodes and pods, through the API server), and each tenant's live usage
+// from the agents' metrics at metricsURLs, or, when none is given, from the
+// tessera-agent pods through the API server's proxy. Missing usage is
+// reported to warn, not an error.
+func collector(client kubernetes.Interface, metricsURLs []string, warn func(error)) func(context.Context) (*top.Snapshot, error) {
+	var urls []string
+	for _, m := range metricsURLs {
+		if m = strings.TrimSpace(m); m != "" {
+			urls = append(urls, m)
+		}
+	}
+	return func(ctx context.Context) (*top.Snapshot, error) {
+		snap, err := top.Collect(ctx, client)
+		if err != nil {
+			return nil, err
+		}
+		if len(urls) == 0 {
+			if _, err := snap.AddUsageFromAgents(ctx, client); err != nil {
+				warn(err)
+			}
+		}
+		for _, u := range urls {
+			if err := snap.AddUsage(ctx, u); err != nil {
+				warn(err)
+			}
+		}
+		return snap, nil
+	}
+}
+
+// serveWeb serves the web view (pkg/top/web) at addr until ctx ends; done
+// yields the server's end.
+func serveWeb(ctx context.Context, addr string, collect func(context.Context) (*top.Snapshot, error)) (url string, done <-chan error, err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("web view: %w", err)
+	}
+	srv := &http.Server{Handler: (&web.Server{Collect: collect}).Handler(), ReadHeaderTimeout: 10 * time.Second}
+	out := make(chan error, 1)
+	go func() {
+		err := srv.Serve(ln)
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		out <- err
+	}()
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	host, port, _ := net.SplitHostPort(ln.Addr().String())
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		host = "localhost"
+	}
+	return "http://" + net.JoinHostPort(host, port) + "/", out, nil
 }

@@ -37,6 +37,7 @@ func newUpCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 		keep    = fs.Bool("keep", false, "with --demo: stay up afterwards until Ctrl-C")
 		mps     = fs.Int("mps-nodes", -1, "how many nodes run their GPUs in MPS mode (default: half, rounded up)")
 		verbose = fs.IntP("v", "v", 0, "log verbosity of the components (their log goes to $TMPDIR/tessera-up-*.log, kept on exit)")
+		webAddr = fs.String("web", "127.0.0.1:0", "address of the live web view of the GPUs (tessera top --web) while the cluster stays up; empty: none")
 	)
 	fs.IntVar(&opts.Nodes, "nodes", 4, "simulated GPU nodes")
 	fs.IntVar(&opts.GPUsPerNode, "gpus-per-node", 8, "GPUs per node (1–8)")
@@ -101,17 +102,27 @@ func newUpCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 			for _, n := range c.Nodes {
 				metrics = append(metrics, n.MetricsURL)
 			}
+			webLine := ""
+			if *webAddr != "" && (!*demo || *keep) {
+				collect := collector(c.Client, metrics, func(error) {})
+				url, _, err := serveWeb(ctx, *webAddr, collect)
+				if err != nil {
+					fmt.Fprintf(stderr, "tessera up: %v\n", err)
+					return exitUsage
+				}
+				webLine = "Web view:          " + url + "\n\t\t"
+			}
 			if !*demo || *keep {
 				fmt.Fprintf(stdout, `  export KUBECONFIG=%s
 		  kubectl get nodes
 		  kubectl get pods -A -o wide
 		  tessera top --kubeconfig %s --metrics %s
 
-		Scheduler metrics: %s (self-signed HTTPS)
+		%sScheduler metrics: %s (self-signed HTTPS)
 		Agent metrics:     %s
 		Components' log:   %s
 
-		`, c.Kubeconfig, c.Kubeconfig, strings.Join(metrics, ","), c.SchedulerMetricsURL, strings.Join(metrics, " "), logPath)
+		`, c.Kubeconfig, c.Kubeconfig, strings.Join(metrics, ","), webLine, c.SchedulerMetricsURL, strings.Join(metrics, " "), logPath)
 			}
 			if *demo {
 				if err := runDemo(ctx, c, start, metrics, stdout); err != nil {
