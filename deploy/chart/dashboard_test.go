@@ -16,6 +16,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent"
 	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/scheduler"
 )
 
@@ -244,4 +245,31 @@ func checkGrouping(t *testing.T, where string, exp map[string]map[string]bool, e
 		}
 		return nil
 	})
+}
+
+// TestEveryPerGPUFamilyHasTheSameLabels: every family, the agent's and the
+// scheduler's, that names a GPU carries the whole per-GPU label set, named
+// as DCGM exporter names it (gpu.SeriesLabels), so any two join.
+func TestEveryPerGPUFamilyHasTheSameLabels(t *testing.T) {
+	perGPU := 0
+	for name, labels := range exported(t) {
+		if !labels["gpu"] && !labels["UUID"] {
+			continue
+		}
+		perGPU++
+		for _, l := range gpu.SeriesLabels {
+			if !labels[l] {
+				t.Errorf("%s names a GPU but lacks the label %q", name, l)
+			}
+		}
+		for _, old := range []string{"index", "model", "uuid"} {
+			if labels[old] {
+				t.Errorf("%s carries %q beside DCGM's names", name, old)
+			}
+		}
+	}
+	if perGPU < 15 {
+		t.Errorf("%d per-GPU families, want every GPU, tenant and per-GPU event family", perGPU)
+	}
+	t.Logf("%d per-GPU families", perGPU)
 }
