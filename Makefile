@@ -99,13 +99,17 @@ openb: build
 	@for w in default gpushare40 multigpu50 gpuspec10; do ./bin/tessera sim --policy all --seeds 42-51 \
 		--nodes $(OPENB)/openb_node_list_gpu_node.csv --pods $(OPENB)/openb_pod_list_$$w.csv --out out/openb_$$w.csv || exit 1; done
 
-## fuzz: run each fuzz target for a while (make test runs their seed corpora only).
+## fuzz: run every fuzz target for FUZZEXECS executions each (default 1,000,000; make test runs their seed corpora only).
+FUZZEXECS ?= 1000000
+FUZZ_TARGETS = ./pkg/gpu/:FuzzDecodeAssignment ./pkg/gpu/:FuzzDecodeInventory ./pkg/gpu/:FuzzParseModelList \
+	./pkg/gpu/:FuzzParseSliceGuarantees ./pkg/apis/config/:FuzzLoad ./pkg/sim/:FuzzParsePods ./pkg/sim/:FuzzParseNodes \
+	./pkg/agent/tenants/:FuzzParseCgroup ./pkg/forecast/:FuzzFit ./pkg/preemption/:FuzzAnnotations ./pkg/scheduler/:FuzzDecodeArgs
 fuzz:
-	$(GO) test ./pkg/gpu/ -run '^$$' -fuzz FuzzDecodeAssignment -fuzztime 30s
-	$(GO) test ./pkg/gpu/ -run '^$$' -fuzz FuzzDecodeInventory -fuzztime 30s
-	$(GO) test ./pkg/apis/config/ -run '^$$' -fuzz FuzzLoad -fuzztime 30s
-	$(GO) test ./pkg/sim/ -run '^$$' -fuzz FuzzParsePods -fuzztime 30s
-	$(GO) test ./pkg/agent/tenants/ -run '^$$' -fuzz FuzzParseCgroup -fuzztime 30s
+	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "== $$name ($$pkg), $(FUZZEXECS) executions"; \
+		out=$$($(GO) test $$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZEXECS)x 2>&1); rc=$$?; \
+		echo "$$out" | grep -E 'execs: [0-9]+ \(|^(ok|FAIL|---)|Failing input|panic|_test.go' | tail -4; [ $$rc = 0 ] || exit 1; \
+	done
 
 clean:
 	rm -rf bin out

@@ -180,10 +180,15 @@ func (c *Controller) sync(ctx context.Context, key types.NamespacedName) (time.D
 		logger.Info("Preemption no longer needed; sparing the victim", "why", why)
 		return 0, c.cancel(ctx, pod, why)
 	}
-	if at, ok := pod.Annotations[AnnotationCheckpointed]; ok {
+	at, saved, err := CheckpointOf(pod)
+	if err != nil {
+		// Not its agent's writing: the grace period runs on.
+		logger.Error(err, "Ignoring an unreadable checkpoint report")
+	}
+	if saved {
 		// Its checkpoint is saved: nothing is lost by stopping it now.
 		logger.Info("Victim reported its checkpoint; stopping it", "checkpointedAt", at)
-		c.event(ctx, pod, v1.EventTypeNormal, "PreemptedAfterCheckpoint", fmt.Sprintf("Checkpoint reported at %s; stopped for %s", at, n.Preemptor))
+		c.event(ctx, pod, v1.EventTypeNormal, "PreemptedAfterCheckpoint", fmt.Sprintf("Checkpoint reported at %s; stopped for %s", at.Format(time.RFC3339), n.Preemptor))
 		return 0, c.stop(ctx, pod, n, LevelSoft, now)
 	}
 	if now.Before(n.Deadline) {

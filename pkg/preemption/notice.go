@@ -175,6 +175,22 @@ func NoticeOf(pod *v1.Pod) (*Notice, error) {
 	return &n, nil
 }
 
+// CheckpointOf reads when a victim's agent saw its checkpoint saved
+// (AnnotationCheckpointed, RFC 3339): ok is false without one. A value that
+// is not a time is an error, not a checkpoint: a stopped victim must have
+// saved its work.
+func CheckpointOf(pod *v1.Pod) (at time.Time, ok bool, err error) {
+	s, ok := pod.Annotations[AnnotationCheckpointed]
+	if !ok {
+		return time.Time{}, false, nil
+	}
+	at, err = time.Parse(time.RFC3339Nano, strings.TrimSpace(s))
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("annotation %s: %s is not an RFC 3339 time", AnnotationCheckpointed, gpu.Quote(s))
+	}
+	return at, true, nil
+}
+
 // IsVictim reports whether the pod carries a notice.
 func IsVictim(pod *v1.Pod) bool {
 	_, ok := pod.Annotations[AnnotationNotice]

@@ -369,7 +369,7 @@ func TestPlayground(t *testing.T) {
 	mpsPod := pods["mps"]
 	agentURL := byNode[mpsPod.Spec.NodeName].MetricsURL
 	err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
-		return strings.Contains(scrape(t, agentURL), `tessera_container_gpu_memory_used_bytes{container="main",gpu=`), nil
+		return strings.Contains(scrape(t, agentURL), `tessera_container_gpu_memory_used_bytes{UUID="`) && strings.Contains(scrape(t, agentURL), `,container="main",gpu="`), nil
 	})
 	if err != nil {
 		t.Errorf("agent %s shows no per-tenant series", agentURL)
