@@ -34,11 +34,14 @@ func Main(m *testing.M, paths ...string) {
 	// LookupEnv, not Getenv: with no paths the value is empty, and the re-run
 	// must still know it is the re-run rather than start another.
 	if want, child := os.LookupEnv(envChild); child {
-		setupErr = cover(strings.FieldsFunc(want, func(r rune) bool { return r == 0 }))
+		setupErr = cover(strings.FieldsFunc(want, func(r rune) bool { return r == '\n' }))
 		os.Exit(m.Run())
 	}
 	cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
-	cmd.Env = append(os.Environ(), envChild+"="+strings.Join(paths, "\x00"))
+	// Newlines, not NULs, between the paths: exec refuses an environment
+	// variable holding a NUL, which left every caller of two paths or more
+	// without its namespace.
+	cmd.Env = append(os.Environ(), envChild+"="+strings.Join(paths, "\n"))
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
 	if os.Geteuid() != 0 {

@@ -220,7 +220,9 @@ func envOf(spec map[string]any) []string {
 // insists on listening: the tests use kubelet's real paths and never touch the
 // host's.
 func TestMain(m *testing.M) {
-	privatemount.Main(m, pluginapi.DevicePluginPath)
+	// CDI's spec directory too: a test that forgot its scratch CDIDir must
+	// not write slot specs where the node's runtime reads them.
+	privatemount.Main(m, pluginapi.DevicePluginPath, "/var/run/cdi")
 }
 
 // kubeletDir is kubelet's device-plugin directory, private to this test
