@@ -53,7 +53,8 @@ func newRootCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 		Long: `tessera is the operator's tool for Tessera, fine-grained GPU sharing for
 Kubernetes: replay traces through the allocator (sim), run a local GPU
 cluster (up), see who holds which GPU slice (top), read a node's GPUs as the
-agent does (gpus), find what is wrong and what to do (doctor).`,
+agent does (gpus), find what is wrong and what to do (doctor), run it long
+under churn and faults with its invariants checked (soak).`,
 		Version:       version.String("tessera"),
 		SilenceErrors: true,
 		SilenceUsage:  true,
@@ -67,6 +68,7 @@ agent does (gpus), find what is wrong and what to do (doctor).`,
 		newTopCmd(stdout, stderr, code),
 		newGPUsCmd(stdout, stderr, code),
 		newDoctorCmd(stdout, stderr, code),
+		newSoakCmd(stdout, stderr, code),
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print the version",

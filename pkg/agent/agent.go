@@ -121,6 +121,9 @@ type Options struct {
 	// (inventory.HeartbeatEvery when zero); it vouches for four times
 	// that.
 	HeartbeatEvery time.Duration
+	// SpecCollectEvery is how often the CDI specs of containers that no
+	// longer hold their slots are removed (30 s when zero).
+	SpecCollectEvery time.Duration
 }
 
 // Agent is one node's agent.
@@ -726,13 +729,17 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 	}
 	errc := make(chan error, 3)
 	go func() { errc <- a.Plugin.Run(ctx, pluginDir, time.Second) }()
+	collectEvery := a.opts.SpecCollectEvery
+	if collectEvery <= 0 {
+		collectEvery = 30 * time.Second
+	}
 	go wait.UntilWithContext(ctx, func(ctx context.Context) {
 		if n, err := a.Plugin.CollectSpecs(ctx); err != nil {
 			logger.Error(err, "Collecting CDI specs of finished containers failed")
 		} else if n > 0 {
 			logger.V(2).Info("Collected CDI specs of finished containers", "count", n)
 		}
-	}, 30*time.Second)
+	}, collectEvery)
 	go wait.UntilWithContext(ctx, func(ctx context.Context) { a.preemptionPass(ctx, time.Now()) }, 250*time.Millisecond)
 	if a.opts.AssignmentChanges != nil {
 		go a.reportAssignmentChanges(ctx)

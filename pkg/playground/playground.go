@@ -68,6 +68,9 @@ type Options struct {
 	// Dir holds all state (a fresh temporary directory when empty) and is
 	// removed by Down when the playground created it.
 	Dir string
+	// QuietPeriod is how long a faulted GPU stays out of service after its
+	// last fault (the agents' health.quietPeriod); the default when zero.
+	QuietPeriod time.Duration
 }
 
 // Models are the GPU models a playground node can have.
@@ -121,6 +124,8 @@ type Node struct {
 	// sets kernel GPU memory limits on them through the mock driver.
 	CgroupRoot string
 
+	// agentMu guards agent, which a restart replaces.
+	agentMu sync.Mutex
 	agent   *agent.Agent
 	kubelet *kubelet
 	load    *load
@@ -130,6 +135,8 @@ type Node struct {
 	// stopAgent stops the agent alone; done closes when it has.
 	stopAgent context.CancelFunc
 	done      chan struct{}
+	// startAgent starts the node's agent (again).
+	startAgent func() error
 }
 
 // MemoryLimit is the kernel GPU memory limit the driver holds for a pod on
@@ -378,51 +385,109 @@ func (c *Cluster) startNode(ctx context.Context, opts Options, i int, mpsControl
 		return nil, err
 	}
 
-	// What cmd/tessera-agent builds on a node: the node's pods from an
-	// informer, the holder of slots from kubelet's pod-resources socket;
-	// all as the agent's service account with a token bound to this node.
-	agentClient, err := kubernetes.NewForConfig(AsAgent(c.Config, name))
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	nodePods := agent.WatchNodePods(agentClient, name)
-	if n.conn, err = grpc.NewClient("unix://"+n.kubelet.podResourcesSocket(), grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
-		cancel()
-		return nil, err
-	}
-	cfg := config.Default()
-	n.agent, err = agent.New(agent.Options{
-		Node: name, Config: cfg, Client: agentClient, NVML: srv,
-		MPS: n.MPS, MPSBinary: mpsControl, MPSRoot: n.MPSRoot,
-		Holder: deviceplugin.PodResourcesHolder{Client: podresourcesapi.NewPodResourcesListerClient(n.conn)},
-		Pods:   nodePods.Get, CDIDir: n.CDIDir, ProcRoot: procRoot, NodePods: nodePods.List, AssignmentChanges: nodePods.Changes,
-		NoticeRoot: noticeRoot, Kill: n.load.kill, TimeSlicer: n.TimeSlices,
-		CgroupRoot: n.CgroupRoot, IsolationEvery: time.Second, Namespace: "tessera-system", HeartbeatEvery: time.Second,
-	})
-	if err != nil {
-		cancel()
-		return nil, fmt.Errorf("node %s: agent: %w", name, err)
-	}
-	nodePods.Factory.Start(nctx.Done())
-	nodePods.Factory.WaitForCacheSync(nctx.Done())
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		cancel()
 		return nil, err
 	}
 	n.MetricsURL = fmt.Sprintf("http://%s/metrics", l.Addr())
-	n.metrics = &http.Server{Handler: n.agent.MetricsHandler(), ReadHeaderTimeout: 5 * time.Second}
+	// The endpoint outlives agent restarts, as a node's port does.
+	n.metrics = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.agentMu.Lock()
+		a := n.agent
+		n.agentMu.Unlock()
+		a.MetricsHandler().ServeHTTP(w, r)
+	}), ReadHeaderTimeout: 5 * time.Second}
+	n.startAgent = func() error { return c.runAgent(nctx, opts, n, mpsControl, procRoot, noticeRoot) }
+	if err := n.startAgent(); err != nil {
+		cancel()
+		return nil, err
+	}
 	go func() { _ = n.metrics.Serve(l) }()
+	return n, nil
+}
+
+// runAgent builds and starts the node's agent as cmd/tessera-agent does on
+// a node: the node's pods from an informer, the holder of slots from
+// kubelet's pod-resources socket; all as the agent's service account with a
+// token bound to this node.
+func (c *Cluster) runAgent(nctx context.Context, opts Options, n *Node, mpsControl, procRoot, noticeRoot string) error {
+	agentClient, err := kubernetes.NewForConfig(AsAgent(c.Config, n.Name))
+	if err != nil {
+		return err
+	}
 	actx, stopAgent := context.WithCancel(nctx)
-	n.stopAgent = stopAgent
+	nodePods := agent.WatchNodePods(agentClient, n.Name)
+	if n.conn == nil {
+		if n.conn, err = grpc.NewClient("unix://"+n.kubelet.podResourcesSocket(), grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+			stopAgent()
+			return err
+		}
+	}
+	cfg := config.Default()
+	if opts.QuietPeriod > 0 {
+		cfg.Health.QuietPeriod.Duration = opts.QuietPeriod
+	}
+	a, err := agent.New(agent.Options{
+		Node: n.Name, Config: cfg, Client: agentClient, NVML: n.NVML,
+		MPS: n.MPS, MPSBinary: mpsControl, MPSRoot: n.MPSRoot,
+		Holder: deviceplugin.PodResourcesHolder{Client: podresourcesapi.NewPodResourcesListerClient(n.conn)},
+		Pods:   nodePods.Get, CDIDir: n.CDIDir, ProcRoot: procRoot, NodePods: nodePods.List, AssignmentChanges: nodePods.Changes,
+		NoticeRoot: noticeRoot, Kill: n.load.kill, TimeSlicer: n.TimeSlices,
+		CgroupRoot: n.CgroupRoot, IsolationEvery: time.Second, Namespace: "tessera-system", HeartbeatEvery: time.Second,
+		SpecCollectEvery: 2 * time.Second,
+	})
+	if err != nil {
+		stopAgent()
+		return fmt.Errorf("node %s: agent: %w", n.Name, err)
+	}
+	nodePods.Factory.Start(actx.Done())
+	nodePods.Factory.WaitForCacheSync(actx.Done())
+	n.agentMu.Lock()
+	n.agent = a
+	n.agentMu.Unlock()
+	n.stopAgent, n.done = stopAgent, make(chan struct{})
+	done := n.done
 	go func() {
-		defer close(n.done)
-		if err := n.agent.Run(actx, n.kubelet.pluginDir(), ""); err != nil && actx.Err() == nil {
+		defer close(done)
+		if err := a.Run(actx, n.kubelet.pluginDir(), ""); err != nil && actx.Err() == nil {
 			klog.FromContext(nctx).Error(err, "Agent stopped")
 		}
 	}()
-	return n, nil
+	return nil
+}
+
+// RestartAgent stops the node's agent and starts a new one, as a crashed
+// agent pod's replacement: it finds the node's pods, slots and MPS daemons
+// as the old one left them.
+func (n *Node) RestartAgent() error {
+	n.StopAgent()
+	return n.startAgent()
+}
+
+// QuitMPS sends quit to GPU index i's MPS control daemon, as any tenant of
+// the GPU can: the agent finds it dead and restarts it.
+func (n *Node) QuitMPS(ctx context.Context, i int) error {
+	n.agentMu.Lock()
+	a := n.agent
+	n.agentMu.Unlock()
+	if a.MPS == nil {
+		return fmt.Errorf("node %s runs no MPS", n.Name)
+	}
+	uuid, ret := n.NVML.Devices[i].GetUUID()
+	if ret != 0 {
+		return fmt.Errorf("node %s GPU %d: no UUID", n.Name, i)
+	}
+	_, err := a.MPS.Control(ctx, uuid, "quit")
+	return err
+}
+
+// RestartScheduler stops tessera-scheduler and starts a new one, which must
+// count every existing assignment before it books anything.
+func (c *Cluster) RestartScheduler(ctx context.Context) error {
+	c.schedStop()
+	<-c.schedDone
+	return c.startScheduler(ctx)
 }
 
 // StopAgent stops the node's agent alone, as a crashed agent pod would
@@ -469,7 +534,7 @@ func (c *Cluster) Down() {
 		for _, n := range c.Nodes {
 			n.cancel()
 			<-n.done
-			if n.agent.MPS != nil {
+			if n.agent != nil && n.agent.MPS != nil {
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				if err := n.agent.MPS.Stop(ctx); err != nil {
 					logger.Error(err, "Stopping the MPS daemons", "node", n.Name)
@@ -491,4 +556,26 @@ func (c *Cluster) Down() {
 			_ = os.RemoveAll(c.Dir)
 		}
 	})
+}
+
+// GPUProcesses counts the simulated GPU processes alive on the node, and of
+// them those that ignore kill (stuck in the driver).
+func (n *Node) GPUProcesses() (alive, unkillable int) {
+	n.load.mu.Lock()
+	defer n.load.mu.Unlock()
+	for _, g := range n.load.gpus {
+		alive += len(g.procs)
+	}
+	return alive, len(n.load.unkillable)
+}
+
+// NoticeDirs lists the per-pod preemption notice directories the agent
+// keeps on the node.
+func (n *Node) NoticeDirs() []string {
+	entries, _ := os.ReadDir(filepath.Join(filepath.Dir(n.CDIDir), "preemption"))
+	var out []string
+	for _, e := range entries {
+		out = append(out, e.Name())
+	}
+	return out
 }

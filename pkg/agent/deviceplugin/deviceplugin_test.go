@@ -347,10 +347,22 @@ func TestWithKubeletDeviceManager(t *testing.T) {
 		}
 	}
 
-	// p00 leaves: its spec is collected, the others stay.
+	// p00 leaves: its spec is collected, the others stay. The specs are
+	// made older than kubelet's record first: one written after the record
+	// was read is a container being started, and stays for the next pass.
 	k.mu.Lock()
 	delete(k.pod, pods[0].UID)
 	k.mu.Unlock()
+	if n, err := plugin.CollectSpecs(ctx); err != nil || n != 0 {
+		t.Fatalf("CollectSpecs removed %d fresh spec(s), %v; want none yet", n, err)
+	}
+	specs, _ := filepath.Glob(filepath.Join(cdi, "*.json"))
+	for _, f := range specs {
+		old := time.Now().Add(-time.Minute)
+		if err := os.Chtimes(f, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if n, err := plugin.CollectSpecs(ctx); err != nil || n != 1 {
 		t.Fatalf("CollectSpecs removed %d, %v; want p00's one spec", n, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"tags.cncf.io/container-device-interface/specs-go"
 
@@ -202,7 +203,7 @@ func SpecPath(dir, slot string) string {
 // collectSpecs removes, in dir, the slot specs whose slot is not held, and
 // any of ours not in the one-slot-per-file form (an older agent's, which
 // could define a slot a second time).
-func collectSpecs(dir string, held map[string]bool) (int, error) {
+func collectSpecs(dir string, held map[string]bool, writtenBefore time.Time) (int, error) {
 	paths, err := filepath.Glob(filepath.Join(dir, "tessera-*.json"))
 	if err != nil {
 		return 0, err
@@ -220,6 +221,9 @@ func collectSpecs(dir string, held map[string]bool) (int, error) {
 		current := len(spec.Devices) == 1 && SpecPath(dir, spec.Devices[0].Name) == path
 		if current && held[spec.Devices[0].Name] {
 			continue
+		}
+		if info, err := os.Stat(path); err != nil || !info.ModTime().Before(writtenBefore) {
+			continue // newer than kubelet's record: a container being started
 		}
 		if err := os.Remove(path); err != nil {
 			return removed, err

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -127,7 +128,12 @@ func TestOneDefinitionPerDevice(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "tessera-GPU-3-s0.json"), []byte(legacy), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	n, err := collectSpecs(dir, map[string]bool{"GPU-2-s5": true, "GPU-3-s0": true})
+	// A spec written after kubelet's record was read is a container being
+	// started: it stays, even though the record does not show its slot.
+	if n, err := collectSpecs(dir, map[string]bool{}, time.Now().Add(-time.Minute)); err != nil || n != 0 {
+		t.Fatalf("collected %d specs newer than the record, %v; want none", n, err)
+	}
+	n, err := collectSpecs(dir, map[string]bool{"GPU-2-s5": true, "GPU-3-s0": true}, time.Now().Add(time.Second))
 	if err != nil || n != 2 {
 		t.Fatalf("collected %d, %v; want GPU-1-s3's and the legacy spec", n, err)
 	}

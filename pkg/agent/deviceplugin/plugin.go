@@ -33,6 +33,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -383,10 +384,21 @@ func (p *Plugin) editsFor(ctx context.Context, ns, name, container string, slots
 // their slots (the pod finished or was deleted), so a slot handed to a new
 // container never resolves to an old one's GPUs before PreStartContainer
 // writes it afresh. It returns how many it removed.
+//
+// A spec written after kubelet's record was read belongs to a container
+// being started whose slots the record may not show yet: it stays until the
+// next pass. (The soak found the race: a spec removed between
+// PreStartContainer and the container's creation leaves the container
+// without its GPUs.)
 func (p *Plugin) CollectSpecs(ctx context.Context) (int, error) {
+	taken := time.Now()
 	held, err := p.holder.Held(ctx, ResourceName)
 	if err != nil {
 		return 0, err
 	}
-	return collectSpecs(p.cdiDir, held)
+	return collectSpecs(p.cdiDir, held, taken.Add(-specSettle))
 }
+
+// specSettle is how much older than kubelet's record a spec must be to be
+// collected: file times are coarser than the clock.
+const specSettle = time.Second

@@ -1,0 +1,511 @@
+// Package soak runs Tessera for long under churn while its parts fail: a
+// seeded, randomized stream of GPU pods created and deleted (pods that
+// finish by themselves, preemptions at three priorities, victims that
+// checkpoint, exit or ignore their notice) with faults at random times
+// (tessera-scheduler and agents restarted, XIDs and their recovery, MPS
+// daemons told to quit, GPU processes that will not die) on a playground,
+// and an invariant checker (check.go) after every step that reads only what
+// a user could read. The same seed replays the same events; their timing
+// against the components' is the machine's.
+package soak
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/playground"
+	"github.com/tessera-gpu/tessera/pkg/podgpu"
+	"github.com/tessera-gpu/tessera/pkg/preemption"
+)
+
+// Namespace holds the soak's pods.
+const Namespace = "soak"
+
+// Options shape a soak.
+type Options struct {
+	Seed   uint64
+	Events int
+	// FaultEvery is the mean number of events between faults (0: none).
+	FaultEvery int
+	// Step is the pause after each event before the checker reads.
+	Step time.Duration
+	// Bound is how long a pod may take to run, or to wait with the
+	// scheduler's reason, and how long the end may take to drain.
+	Bound time.Duration
+	// MaxPods caps the live pods (deletions take over above it).
+	MaxPods int
+	// Progress, when set, hears every 100 events.
+	Progress func(done, total int)
+}
+
+// Summary is a soak's outcome.
+type Summary struct {
+	Seed       uint64
+	Events     map[string]int
+	Faults     map[string]int
+	Observed   map[string]int
+	Checks     int
+	Violations []StepViolation
+	// ToRunning are creation-to-Running times of pods no fault touched,
+	// and of those a fault happened during.
+	ToRunning, ToRunningFaulted []time.Duration
+	// LongestPendingWithRoom is the longest a pod waited while the
+	// allocator found room for it on the nodes as they were.
+	LongestPendingWithRoom time.Duration
+	LongestPendingPod      string
+	Took                   time.Duration
+}
+
+// StepViolation is a violation and when it was seen.
+type StepViolation struct {
+	Step int
+	Violation
+}
+
+func newSummary(seed uint64) *Summary {
+	return &Summary{Seed: seed, Events: map[string]int{}, Faults: map[string]int{}, Observed: map[string]int{}}
+}
+
+// shape is one kind of GPU pod the soak asks for.
+type shape struct {
+	gpus      int
+	memoryMiB int64
+	cores     int
+	sharing   gpu.SharingMode
+	workload  gpu.WorkloadClass
+}
+
+var shapes = []shape{
+	{1, 0, 0, gpu.ModeExclusive, gpu.WorkloadTraining},
+	{2, 0, 0, gpu.ModeExclusive, gpu.WorkloadTraining},
+	{1, 20480, 40, gpu.ModeMPS, gpu.WorkloadTraining},
+	{1, 8192, 20, gpu.ModeMPS, gpu.WorkloadInference},
+	{1, 10240, 25, gpu.ModeTimeSlicing, gpu.WorkloadInference},
+	{1, 16384, 30, gpu.ModeTimeSlicing, gpu.WorkloadTraining},
+	{1, 4096, 10, gpu.ModeAuto, gpu.WorkloadInference},
+	{1, 40960, 50, gpu.ModeAuto, gpu.WorkloadTraining},
+}
+
+var priorities = []string{"gpu-critical", "gpu-standard", "gpu-batch"}
+
+// Run soaks c. It returns the summary and an error only for a soak that
+// could not run (the API server unreachable); violations are in the
+// summary.
+func Run(ctx context.Context, c *playground.Cluster, opts Options, log io.Writer) (*Summary, error) {
+	if opts.Step <= 0 {
+		opts.Step = 50 * time.Millisecond
+	}
+	if opts.Bound <= 0 {
+		opts.Bound = 45 * time.Second
+	}
+	gpus := 0
+	var nodes []NodeAccess
+	for _, n := range c.Nodes {
+		gpus += len(n.NVML.Devices)
+		nodes = append(nodes, NodeAccess{Name: n.Name, PodResourcesSocket: n.PodResourcesSocket, CDIDir: n.CDIDir})
+	}
+	if opts.MaxPods <= 0 {
+		opts.MaxPods = 2 * gpus
+	}
+	// Its own client: the soak reads the cluster after every step, more
+	// often than client-go's default rate limit allows.
+	rc := rest.CopyConfig(c.Config)
+	rc.QPS, rc.Burst = 500, 1000
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}, metav1.CreateOptions{}); err != nil {
+		return nil, fmt.Errorf("namespace %s: %w", Namespace, err)
+	}
+	obs, err := newObserver(client, Namespace, nodes)
+	if err != nil {
+		return nil, err
+	}
+	defer obs.close()
+	cfg := config.Default().Allocator
+	chk := &Checker{Oversubscription: cfg.MemoryOversubscription, Grace: 3 * time.Second}
+	rng := rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x7e55e7a))
+	sum := newSummary(opts.Seed)
+	start := time.Now()
+	var faultTimes []time.Time
+	created := map[string]time.Time{}
+	requests := map[string]*gpu.Request{}
+	running := map[string]bool{}
+	victims := map[string]bool{}
+	pendingRoomSince := map[string]time.Time{}
+	var live []string
+	next := 0
+	violate := func(step int, vs []Violation) {
+		for _, v := range vs {
+			sum.Violations = append(sum.Violations, StepViolation{step, v})
+			fmt.Fprintf(log, "VIOLATION at step %d (seed %d): %s\n", step, opts.Seed, v)
+		}
+	}
+	remove := func(name string) {
+		for i, n := range live {
+			if n == name {
+				live = append(live[:i], live[i+1:]...)
+				return
+			}
+		}
+	}
+
+	for step := 1; step <= opts.Events; step++ {
+		if ctx.Err() != nil {
+			break
+		}
+		kind := ""
+		switch r := rng.IntN(100); {
+		case opts.FaultEvery > 0 && rng.IntN(opts.FaultEvery) == 0:
+			kind = fault(ctx, c, rng, sum)
+			faultTimes = append(faultTimes, time.Now())
+		case len(live) < opts.MaxPods && r < 60:
+			kind = "create"
+			name := fmt.Sprintf("p%05d", next)
+			next++
+			pod := randomPod(rng, name)
+			if req, err := podgpu.Request(pod); err == nil {
+				requests[name] = req
+			}
+			if _, err := client.CoreV1().Pods(Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+				fmt.Fprintf(log, "step %d: create %s: %v\n", step, name, err)
+				kind = "create-refused"
+			} else {
+				created[name] = time.Now()
+				live = append(live, name)
+			}
+		case len(live) > 0:
+			kind = "delete"
+			name := live[rng.IntN(len(live))]
+			if err := client.CoreV1().Pods(Namespace).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+				kind = "delete-gone"
+			}
+			remove(name)
+		default:
+			kind = "idle"
+		}
+		sum.Events[kind]++
+		time.Sleep(opts.Step)
+
+		s, err := obs.observe(ctx)
+		if err != nil && len(s.Pods) == 0 {
+			fmt.Fprintf(log, "step %d: %v\n", step, err)
+			continue
+		}
+		sum.Checks++
+		violate(step, chk.Safety(s))
+		for _, p := range s.Pods {
+			if p.Phase == "Running" && !running[p.Name] {
+				running[p.Name] = true
+				d := s.At.Sub(created[p.Name])
+				if touched(faultTimes, created[p.Name], s.At) {
+					sum.ToRunningFaulted = append(sum.ToRunningFaulted, d)
+				} else {
+					sum.ToRunning = append(sum.ToRunning, d)
+				}
+			}
+			if p.finished() && !p.Deleting {
+				if _, counted := created[p.Name]; counted {
+					sum.Observed["finished by itself"]++
+					delete(created, p.Name)
+					remove(p.Name)
+					_ = client.CoreV1().Pods(Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+				}
+			}
+		}
+		if step%10 == 0 {
+			sum.Checks++
+			violate(step, Liveness(s, opts.Bound))
+			for name := range victimsIn(ctx, client) {
+				if !victims[name] {
+					victims[name] = true
+					sum.Observed["preemption victim"]++
+				}
+			}
+			pendingWithRoom(s, requests, pendingRoomSince, sum)
+		}
+		if opts.Progress != nil && step%100 == 0 {
+			opts.Progress(step, opts.Events)
+		}
+	}
+	violate(opts.Events, drain(ctx, c, client, obs, chk, opts.Bound, log))
+	sum.Checks++
+	sum.Took = time.Since(start)
+	return sum, nil
+}
+
+// touched says whether a fault happened between from and to.
+func touched(faults []time.Time, from, to time.Time) bool {
+	for _, f := range faults {
+		if !f.Before(from) && !f.After(to) {
+			return true
+		}
+	}
+	return false
+}
+
+// victimsIn names the pods that carry a preemption notice.
+func victimsIn(ctx context.Context, client kubernetes.Interface) map[string]bool {
+	out := map[string]bool{}
+	pods, err := client.CoreV1().Pods(Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return out
+	}
+	for i := range pods.Items {
+		if preemption.IsVictim(&pods.Items[i]) {
+			out[pods.Items[i].Name] = true
+		}
+	}
+	return out
+}
+
+// pendingWithRoom tracks how long each unplaced pod has waited while the
+// allocator, on the nodes as the State has them, found room for it.
+func pendingWithRoom(s State, requests map[string]*gpu.Request, since map[string]time.Time, sum *Summary) {
+	cfg := config.Default().Allocator
+	a, err := allocator.New(&cfg, nil)
+	if err != nil {
+		return
+	}
+	var nodes []*allocator.Node
+	for _, n := range s.Nodes {
+		if n.Inventory == nil {
+			continue
+		}
+		an, err := allocator.NewNode(n.Inventory)
+		if err != nil {
+			continue
+		}
+		for _, p := range s.Pods {
+			if p.Node == n.Name && p.Assignment != nil && !p.finished() {
+				an.ForceAssignment(p.Assignment, 0, 0)
+			}
+		}
+		nodes = append(nodes, an)
+	}
+	waiting := map[string]bool{}
+	for _, p := range s.Pods {
+		if p.Assignment != nil || p.Deleting || p.Node != "" {
+			continue
+		}
+		req := requests[p.Name]
+		if req == nil {
+			continue
+		}
+		r, err := allocator.Compile(req, &cfg)
+		if err != nil {
+			continue
+		}
+		var pl allocator.Placement
+		if a.Choose(nodes, r, &pl) < 0 {
+			continue
+		}
+		waiting[p.Name] = true
+		first, ok := since[p.Name]
+		if !ok {
+			since[p.Name] = s.At
+			continue
+		}
+		if d := s.At.Sub(first); d > sum.LongestPendingWithRoom {
+			sum.LongestPendingWithRoom, sum.LongestPendingPod = d, p.Name
+		}
+	}
+	for name := range since {
+		if !waiting[name] {
+			delete(since, name)
+		}
+	}
+}
+
+// randomPod is a GPU pod of a random shape, class and priority; some finish
+// by themselves; each reacts to a preemption notice by exiting,
+// checkpointing or ignoring it.
+func randomPod(rng *rand.Rand, name string) *v1.Pod {
+	sh := shapes[rng.IntN(len(shapes))]
+	spec := playground.PodSpec{Name: name, GPUs: sh.gpus, MemoryMiB: sh.memoryMiB, Cores: sh.cores, Sharing: sh.sharing,
+		Workload: sh.workload, PriorityClass: priorities[rng.IntN(len(priorities))]}
+	pod := spec.Pod(Namespace)
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	pod.Annotations[playground.AnnotationOnPreemption] = []string{"exit", "checkpoint", "ignore"}[rng.IntN(3)]
+	if rng.IntN(10) < 3 {
+		pod.Annotations[playground.AnnotationRunFor] = strconv.Itoa(2+rng.IntN(10)) + "s"
+	}
+	return pod
+}
+
+// fault injects one fault and names it.
+func fault(ctx context.Context, c *playground.Cluster, rng *rand.Rand, sum *Summary) string {
+	n := c.Nodes[rng.IntN(len(c.Nodes))]
+	var kind string
+	var err error
+	switch rng.IntN(5) {
+	case 0:
+		kind = "restart tessera-scheduler"
+		err = c.RestartScheduler(ctx)
+	case 1:
+		kind = "restart an agent"
+		err = n.RestartAgent()
+	case 2, 3:
+		kind = "XID on a GPU (recovers)"
+		n.InjectXid(rng.IntN(len(n.NVML.Devices)), 79)
+	case 4:
+		var mps []*playground.Node
+		for _, m := range c.Nodes {
+			if m.MPS {
+				mps = append(mps, m)
+			}
+		}
+		if len(mps) == 0 {
+			kind = "XID on a GPU (recovers)"
+			n.InjectXid(rng.IntN(len(n.NVML.Devices)), 79)
+			break
+		}
+		kind = "MPS daemon told to quit"
+		m := mps[rng.IntN(len(mps))]
+		err = m.QuitMPS(ctx, rng.IntN(len(m.NVML.Devices)))
+	}
+	if err != nil {
+		kind += " (failed: " + err.Error() + ")"
+	}
+	sum.Faults[kind]++
+	return "fault"
+}
+
+// drain deletes every pod and checks that the cluster returns to empty
+// within bound: no pod, nothing booked by the scheduler, no CDI spec, no
+// notice directory, no GPU process but those stuck in the driver.
+func drain(ctx context.Context, c *playground.Cluster, client kubernetes.Interface, obs *observer, chk *Checker, bound time.Duration, log io.Writer) []Violation {
+	_ = client.CoreV1().Pods(Namespace).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}, metav1.ListOptions{})
+	var last []Violation
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, bound, true, func(pctx context.Context) (bool, error) {
+		s, err := obs.observe(pctx)
+		if err != nil {
+			// Unread (the deadline near, a node's kubelet restarting):
+			// not an answer, so the last one stands.
+			if last == nil {
+				last = []Violation{{"drained", err.Error()}}
+			}
+			return false, nil
+		}
+		var cur []Violation
+		defer func() { last = cur }()
+		cur = append(cur, chk.Safety(s)...)
+		if len(s.Pods) > 0 {
+			var left []string
+			for _, p := range s.Pods {
+				left = append(left, p.Name+" ("+p.Phase+")")
+			}
+			cur = append(cur, Violation{"drained", fmt.Sprintf("%d pod(s) left: %v", len(s.Pods), left)})
+		}
+		if n := allocatedSlices(c.SchedulerMetricsURL); n != 0 {
+			cur = append(cur, Violation{"drained", fmt.Sprintf("the scheduler books %v slice(s)", n)})
+		}
+		for _, n := range c.Nodes {
+			if specs := leftoverSpecs(n.CDIDir); len(specs) > 0 {
+				cur = append(cur, Violation{"drained", fmt.Sprintf("node %s keeps CDI specs %v", n.Name, specs)})
+			}
+			if dirs := n.NoticeDirs(); len(dirs) > 0 {
+				cur = append(cur, Violation{"drained", fmt.Sprintf("node %s keeps notice directories %v", n.Name, dirs)})
+			}
+			if alive, stuck := n.GPUProcesses(); alive > stuck {
+				cur = append(cur, Violation{"drained", fmt.Sprintf("node %s has %d GPU process(es) left (%d stuck in the driver, as injected)", n.Name, alive, stuck)})
+			}
+		}
+		return len(cur) == 0, nil
+	})
+	if err != nil {
+		fmt.Fprintf(log, "drain: not empty after %v\n", bound)
+		return last
+	}
+	return nil
+}
+
+// allocatedSlices sums tessera_scheduler_gpu_allocated_slices (-1 when the
+// endpoint cannot be read).
+func allocatedSlices(url string) float64 {
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the playground's self-signed scheduler
+	resp, err := hc.Get(url)
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return -1
+	}
+	var total float64
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "tessera_scheduler_gpu_allocated_slices{") {
+			if v, err := strconv.ParseFloat(line[strings.LastIndex(line, " ")+1:], 64); err == nil {
+				total += v
+			}
+		}
+	}
+	return total
+}
+
+// Render prints the summary.
+func (s *Summary) Render(w io.Writer) {
+	fmt.Fprintf(w, "soak seed %d: %d events in %v, %d checks, %d violation(s)\n", s.Seed, total(s.Events), s.Took.Round(time.Second), s.Checks, len(s.Violations))
+	section := func(title string, m map[string]int) {
+		fmt.Fprintf(w, "%s:\n", title)
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			fmt.Fprintf(w, "  %-40s %6d\n", k, m[k])
+		}
+	}
+	section("events", s.Events)
+	section("faults", s.Faults)
+	section("observed", s.Observed)
+	fmt.Fprintf(w, "creation to Running: %s without a fault in between; %s with one\n", percentiles(s.ToRunning), percentiles(s.ToRunningFaulted))
+	if s.LongestPendingPod != "" {
+		fmt.Fprintf(w, "longest wait while the allocator found room: %v (%s)\n", s.LongestPendingWithRoom.Round(time.Millisecond), s.LongestPendingPod)
+	} else {
+		fmt.Fprintln(w, "no pod waited while the allocator found room")
+	}
+	for _, v := range s.Violations {
+		fmt.Fprintf(w, "VIOLATION step %d: %s (replay: --seed %d)\n", v.Step, v.Violation, s.Seed)
+	}
+}
+
+func total(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+func percentiles(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "none"
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	q := func(p float64) time.Duration { return s[int(p*float64(len(s)-1))] }
+	return fmt.Sprintf("p50 %v, p99 %v (%d pods)", q(0.5).Round(time.Millisecond), q(0.99).Round(time.Millisecond), len(s))
+}
