@@ -6,7 +6,7 @@ OPENB ?= ../shared/traces/openb
 # deprecation warnings (about 300 lines on a cold build) say nothing about Tessera.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: demo demo-sim test test-short rules images manifests apt-lists browser web-screenshot bench bench-allocate bench-sim bench-scheduler fuzz build vet fmt-check openb clean
+.PHONY: demo demo-sim test test-short rules images manifests apt-lists browser web-screenshot soak bench bench-allocate bench-sim bench-scheduler fuzz build vet fmt-check openb clean
 
 ## demo: a local playground cluster (4 simulated nodes × 8 H100s) with a sample workload; prints where each pod landed.
 demo:
@@ -98,6 +98,13 @@ openb: build
 	@mkdir -p out
 	@for w in default gpushare40 multigpu50 gpuspec10; do ./bin/tessera sim --policy all --seeds 42-51 \
 		--nodes $(OPENB)/openb_node_list_gpu_node.csv --pods $(OPENB)/openb_pod_list_$$w.csv --out out/openb_$$w.csv || exit 1; done
+
+## soak: 10,000 events of churn and faults on a playground per seed (SEEDS), invariants checked after every step; prints a summary each.
+SEEDS ?= 1 2 3
+SOAK_EVENTS ?= 10000
+soak:
+	$(GO) build -o bin/tessera ./cmd/tessera
+	@for s in $(SEEDS); do ./bin/tessera soak --seed $$s --events $(SOAK_EVENTS) || exit 1; done
 
 ## fuzz: run every fuzz target for FUZZEXECS executions each (default 1,000,000; make test runs their seed corpora only).
 FUZZEXECS ?= 1000000

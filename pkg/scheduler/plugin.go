@@ -201,12 +201,15 @@ type stateData struct {
 
 // Clone shares the data, except the nominated pods, which the framework
 // adds to a clone: nothing else changes after PreFilter but the assignment,
-// which only Reserve and Bind of the same cycle touch.
+// which only Reserve and Bind of the same cycle touch. A clone is always a
+// new object, also without nominated pods: AddPod on a clone that was the
+// original itself wrote the map Filter reads on other nodes at once (the
+// soak's "concurrent map read and map write" in Filter).
 func (s *stateData) Clone() fwk.StateData {
-	if s.nominated == nil {
-		return s
-	}
 	c := *s
+	if s.nominated == nil {
+		return &c
+	}
 	c.nominated = make(map[string][]nominatedPod, len(s.nominated))
 	for k, v := range s.nominated {
 		c.nominated[k] = append([]nominatedPod(nil), v...)

@@ -1,0 +1,51 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tessera-gpu/tessera/pkg/playground"
+	"github.com/tessera-gpu/tessera/pkg/soak"
+)
+
+// TestShortSoak: about 1,000 events of churn and faults on a playground
+// with the invariants checked after every step (the short soak of `make
+// test`; `make soak` runs 10,000). TESSERA_SOAK_SEED replays another seed.
+func TestShortSoak(t *testing.T) {
+	seed := uint64(1)
+	if s := os.Getenv("TESSERA_SOAK_SEED"); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("TESSERA_SOAK_SEED=%q: %v", s, err)
+		}
+		seed = v
+	}
+	c, _ := up(t, playground.Options{Nodes: 3, GPUsPerNode: 4, Model: "h100", MPSNodes: 1, QuietPeriod: 3 * time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	var log strings.Builder
+	sum, err := soak.Run(ctx, c, soak.Options{Seed: seed, Events: 1000, FaultEvery: 30, Step: 20 * time.Millisecond, Bound: 45 * time.Second}, &log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	sum.Render(&out)
+	t.Logf("\n%s%s", log.String(), out.String())
+	if len(sum.Violations) > 0 {
+		t.Errorf("%d violation(s); replay with TESSERA_SOAK_SEED=%d", len(sum.Violations), seed)
+	}
+	if total := sum.Events["create"]; total < 300 {
+		t.Errorf("only %d pods created", total)
+	}
+	faults := 0
+	for _, n := range sum.Faults {
+		faults += n
+	}
+	if faults < 10 {
+		t.Errorf("only %d faults injected", faults)
+	}
+}
