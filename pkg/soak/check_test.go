@@ -20,7 +20,9 @@ func TestSafety(t *testing.T) {
 		{Index: 0, UUID: "G0", MemoryMiB: 80000, Healthy: true},
 		{Index: 1, UUID: "G1", MemoryMiB: 80000, Healthy: true},
 	}}
-	ts := func(mem int64, cores int) gpu.GPUGrant { return gpu.GPUGrant{UUID: "G0", MemoryMiB: mem, CoresPerMille: cores} }
+	ts := func(mem int64, cores int) gpu.GPUGrant {
+		return gpu.GPUGrant{UUID: "G0", MemoryMiB: mem, CoresPerMille: cores}
+	}
 	running := func(name string, a *gpu.PodAssignment) PodState {
 		return PodState{Namespace: "soak", Name: name, UID: "u-" + name, Node: "n1", Phase: "Running", Created: t0, Bound: t0, Assignment: a}
 	}
@@ -45,8 +47,16 @@ func TestSafety(t *testing.T) {
 			Pods: []PodState{running("a", asg("n1", gpu.ModeExclusive, gpu.GPUGrant{UUID: "G0"})), running("b", asg("n1", gpu.ModeExclusive, gpu.GPUGrant{UUID: "G0"}))}}, "one exclusive owner"},
 		{"a finished pod and a reclaimed victim hold nothing", State{At: t0, Nodes: []NodeState{{Name: "n1", Inventory: &gpu.NodeInventory{Node: "n1", GPUs: inv.GPUs, Reclaimed: []string{"u-b"}}}},
 			Pods: []PodState{
-				func() PodState { p := running("a", asg("n1", gpu.ModeExclusive, gpu.GPUGrant{UUID: "G0"})); p.Phase = "Succeeded"; return p }(),
-				func() PodState { p := running("b", asg("n1", gpu.ModeExclusive, gpu.GPUGrant{UUID: "G0"})); p.Deleting = true; return p }(),
+				func() PodState {
+					p := running("a", asg("n1", gpu.ModeExclusive, gpu.GPUGrant{UUID: "G0"}))
+					p.Phase = "Succeeded"
+					return p
+				}(),
+				func() PodState {
+					p := running("b", asg("n1", gpu.ModeExclusive, gpu.GPUGrant{UUID: "G0"}))
+					p.Deleting = true
+					return p
+				}(),
 				running("c", asg("n1", gpu.ModeExclusive, gpu.GPUGrant{UUID: "G0"}))}}, ""},
 		{"one slot, two holders", State{At: t0, Nodes: []NodeState{node(map[string][]string{"soak/a/main": {"G0-s0"}, "soak/b/main": {"G0-s0"}}, map[string]string{"G0-s0": "G0"})},
 			Pods: []PodState{running("a", asg("n1", gpu.ModeTimeSlicing, ts(1000, 100))), running("b", asg("n1", gpu.ModeTimeSlicing, ts(1000, 100)))}}, "one holder per slot"},
