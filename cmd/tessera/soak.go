@@ -43,6 +43,7 @@ violation, printing the seed and step; the same seed replays the events.`,
 		events  = fs.Int("events", 10000, "events to run")
 		faults  = fs.Int("fault-every", 40, "mean events between faults (0: no faults)")
 		bound   = fs.Duration("bound", 45*time.Second, "how long a pod may take to run or to wait with a reason, and the end to drain")
+		step    = fs.Duration("step", 20*time.Millisecond, "pause after each event before the checker reads")
 		verbose = fs.IntP("v", "v", 0, "log verbosity of the components (their log goes to $TMPDIR/tessera-soak-*.log, kept on exit)")
 	)
 	fs.IntVar(&opts.Nodes, "nodes", 3, "simulated GPU nodes")
@@ -62,8 +63,8 @@ violation, printing the seed and step; the same seed replays the events.`,
 				fmt.Fprintf(stderr, "tessera soak: %v\n", err)
 				return exitUsage
 			}
-			if *events <= 0 || *faults < 0 || *bound <= 0 {
-				fmt.Fprintln(stderr, "tessera soak: --events and --bound must be positive, --fault-every not negative")
+			if *events <= 0 || *faults < 0 || *bound <= 0 || *step < 0 {
+				fmt.Fprintln(stderr, "tessera soak: --events and --bound must be positive, --fault-every and --step not negative")
 				return exitUsage
 			}
 			logFile, err := os.CreateTemp("", "tessera-soak-*.log")
@@ -87,7 +88,7 @@ violation, printing the seed and step; the same seed replays the events.`,
 				return exitError
 			}
 			defer c.Down()
-			sum, err := soak.Run(ctx, c, soak.Options{Seed: *seed, Events: *events, FaultEvery: *faults, Bound: *bound,
+			sum, err := soak.Run(ctx, c, soak.Options{Seed: *seed, Events: *events, FaultEvery: *faults, Bound: *bound, Step: *step,
 				Progress: func(done, total int) {
 					if done%1000 == 0 {
 						fmt.Fprintf(stderr, "  %d/%d events\n", done, total)

@@ -110,7 +110,7 @@ var priorities = []string{"gpu-critical", "gpu-standard", "gpu-batch"}
 // summary.
 func Run(ctx context.Context, c *playground.Cluster, opts Options, log io.Writer) (*Summary, error) {
 	if opts.Step <= 0 {
-		opts.Step = 50 * time.Millisecond
+		opts.Step = 20 * time.Millisecond
 	}
 	if opts.Bound <= 0 {
 		opts.Bound = 45 * time.Second
