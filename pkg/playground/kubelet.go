@@ -484,6 +484,16 @@ func (k *kubelet) startPod(ctx context.Context, pod *v1.Pod) error {
 	if err != nil {
 		return k.failAdmission(ctx, pod, err)
 	}
+	if plugin == nil && len(slots) > 0 {
+		// Admitted earlier; its plugin is gone for now (the agent
+		// restarting): kubelet retries the containers' creation, the pod
+		// keeps its slots. (The soak found the stand-in dereferencing it.)
+		err := fmt.Errorf("no device plugin serves %s on node %s yet", gpu.ResourceGPU, k.node)
+		for name := range slots {
+			k.containerError(ctx, pod, name, err)
+		}
+		return err
+	}
 	ids := map[string]string{}
 	for i := range pod.Spec.Containers {
 		c := &pod.Spec.Containers[i]

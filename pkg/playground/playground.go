@@ -31,6 +31,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -578,4 +579,26 @@ func (n *Node) NoticeDirs() []string {
 		out = append(out, e.Name())
 	}
 	return out
+}
+
+// Reregister deletes the node's Node object and registers it again, as a
+// node removed from the cluster and rejoining does: its kubelet writes its
+// capacity afresh and its agent republishes the inventory; its pods stay
+// bound (nothing here collects them).
+func (n *Node) Reregister(ctx context.Context) error {
+	k := n.kubelet
+	if err := k.client.CoreV1().Nodes().Delete(ctx, n.Name, metav1.DeleteOptions{}); err != nil {
+		return err
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := k.client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	}); err != nil {
+		return fmt.Errorf("node %s not gone: %w", n.Name, err)
+	}
+	if err := k.registerNode(ctx); err != nil {
+		return err
+	}
+	k.syncCapacity(ctx)
+	return nil
 }

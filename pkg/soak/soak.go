@@ -3,7 +3,7 @@
 // finish by themselves, preemptions at three priorities, victims that
 // checkpoint, exit or ignore their notice) with faults at random times
 // (tessera-scheduler and agents restarted, XIDs and their recovery, MPS
-// daemons told to quit, GPU processes that will not die) on a playground,
+// daemons told to quit, a node removed and re-added) on a playground,
 // and an invariant checker (check.go) after every step that reads only what
 // a user could read. The same seed replays the same events; their timing
 // against the components' is the machine's.
@@ -358,7 +358,7 @@ func fault(ctx context.Context, c *playground.Cluster, rng *rand.Rand, sum *Summ
 	n := c.Nodes[rng.IntN(len(c.Nodes))]
 	var kind string
 	var err error
-	switch rng.IntN(5) {
+	switch rng.IntN(6) {
 	case 0:
 		kind = "restart tessera-scheduler"
 		err = c.RestartScheduler(ctx)
@@ -368,6 +368,9 @@ func fault(ctx context.Context, c *playground.Cluster, rng *rand.Rand, sum *Summ
 	case 2, 3:
 		kind = "XID on a GPU (recovers)"
 		n.InjectXid(rng.IntN(len(n.NVML.Devices)), 79)
+	case 5:
+		kind = "node removed and re-added"
+		err = n.Reregister(ctx)
 	case 4:
 		var mps []*playground.Node
 		for _, m := range c.Nodes {
