@@ -23,6 +23,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent/reclaim"
 	"github.com/tessera-gpu/tessera/pkg/agent/tenantdir"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/patch"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
 	"github.com/tessera-gpu/tessera/pkg/preemption"
 )
@@ -69,8 +70,9 @@ func (a *Agent) preemptionPass(ctx context.Context, now time.Time) {
 			if saved, err := tenantdir.HasFile(a.NoticeDir(string(p.UID)), preemption.CheckpointedFile); err != nil {
 				logger.Error(err, "Could not look for a victim's checkpoint", "pod", klog.KObj(p))
 			} else if saved {
-				patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, preemption.AnnotationCheckpointed, now.UTC().Format(time.RFC3339Nano))
-				if _, err := a.opts.Client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+				at := now.UTC().Format(time.RFC3339Nano)
+				report := patch.Annotations("", map[string]*string{preemption.AnnotationCheckpointed: &at})
+				if _, err := a.opts.Client.CoreV1().Pods(p.Namespace).Patch(ctx, p.Name, types.MergePatchType, report, metav1.PatchOptions{}); err != nil {
 					logger.Error(err, "Could not report a victim's checkpoint", "pod", klog.KObj(p))
 				} else {
 					logger.Info("Preemption victim saved its checkpoint", "pod", klog.KObj(p))

@@ -33,6 +33,7 @@ import (
 	dpv1beta1 "k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/plugin/v1beta1"
 
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/patch"
 	"github.com/tessera-gpu/tessera/pkg/preemption"
 )
 
@@ -313,8 +314,8 @@ func (k *kubelet) syncCapacity(ctx context.Context) {
 		}
 	}
 	k.mu.Unlock()
-	patch := fmt.Sprintf(`{"status":{"capacity":{%q:"%d"},"allocatable":{%q:"%d"}}}`, gpu.ResourceGPU, total, gpu.ResourceGPU, healthy)
-	_, err := k.client.CoreV1().Nodes().Patch(ctx, k.node, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}, "status")
+	slots := patch.NodeResource(gpu.ResourceGPU, total, healthy)
+	_, err := k.client.CoreV1().Nodes().Patch(ctx, k.node, types.StrategicMergePatchType, slots, metav1.PatchOptions{}, "status")
 	if err != nil && ctx.Err() == nil {
 		klog.FromContext(ctx).V(2).Info("Could not update the node's GPU slots", "node", k.node, "err", err)
 	}

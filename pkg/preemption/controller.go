@@ -23,6 +23,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/patch"
 )
 
 // Controller carries out the soft and hard levels for the victims the
@@ -234,16 +235,16 @@ func podFinished(p *v1.Pod) bool {
 // removes the notice file), the DisruptionTarget condition turns False, and
 // an event says why.
 func (c *Controller) cancel(ctx context.Context, pod *v1.Pod, why string) error {
-	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:null,%q:null}}}`, AnnotationNotice, AnnotationCheckpointed)
-	if _, err := c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+	withdraw := patch.Annotations("", map[string]*string{AnnotationNotice: nil, AnnotationCheckpointed: nil})
+	if _, err := c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, withdraw, metav1.PatchOptions{}); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
 		return err
 	}
-	cond := fmt.Sprintf(`{"status":{"conditions":[{"type":%q,"status":"False","reason":"PreemptionCancelled","message":%q,"lastTransitionTime":%q}]}}`,
-		v1.DisruptionTarget, why, c.now().UTC().Format(time.RFC3339))
-	if _, err := c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, []byte(cond), metav1.PatchOptions{}, "status"); err != nil {
+	cond := patch.PodCondition(v1.PodCondition{Type: v1.DisruptionTarget, Status: v1.ConditionFalse, Reason: "PreemptionCancelled",
+		Message: why, LastTransitionTime: metav1.NewTime(c.now().UTC().Truncate(time.Second))})
+	if _, err := c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, cond, metav1.PatchOptions{}, "status"); err != nil {
 		klog.FromContext(ctx).V(2).Info("Could not clear the DisruptionTarget condition", "pod", klog.KObj(pod), "err", err)
 	}
 	levels.WithLabelValues(LevelCancelled).Inc()

@@ -20,6 +20,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/patch"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
 	"github.com/tessera-gpu/tessera/pkg/preemption"
 )
@@ -341,16 +342,17 @@ func (p *Plugin) notify(ctx context.Context, preemptor *v1.Pod, c *nodeChoice, n
 		// changed since this cycle's view of it — another preemptor's
 		// notice the informer has not delivered yet — is not notified
 		// twice, and this preemption is retried on a fresh view.
-		patch := fmt.Sprintf(`{"metadata":{"resourceVersion":%q,"annotations":{%q:%q}}}`, v.pod.ResourceVersion, preemption.AnnotationNotice, n.Encode())
-		if _, err := client.CoreV1().Pods(v.pod.Namespace).Patch(ctx, v.pod.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		notice := n.Encode()
+		notify := patch.Annotations(v.pod.ResourceVersion, map[string]*string{preemption.AnnotationNotice: &notice})
+		if _, err := client.CoreV1().Pods(v.pod.Namespace).Patch(ctx, v.pod.Name, types.MergePatchType, notify, metav1.PatchOptions{}); err != nil {
 			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 				return errVictimChanged
 			}
 			return fmt.Errorf("notify victim %s: %w", podKey(v.pod), err)
 		}
-		cond := fmt.Sprintf(`{"status":{"conditions":[{"type":%q,"status":"True","reason":%q,"message":%q,"lastTransitionTime":%q}]}}`,
-			v1.DisruptionTarget, preemption.ConditionReason, "checkpoint requested: "+n.Reason, now.UTC().Format(time.RFC3339))
-		if _, err := client.CoreV1().Pods(v.pod.Namespace).Patch(ctx, v.pod.Name, types.StrategicMergePatchType, []byte(cond), metav1.PatchOptions{}, "status"); err != nil {
+		cond := patch.PodCondition(v1.PodCondition{Type: v1.DisruptionTarget, Status: v1.ConditionTrue, Reason: preemption.ConditionReason,
+			Message: "checkpoint requested: " + n.Reason, LastTransitionTime: metav1.NewTime(now.UTC().Truncate(time.Second))})
+		if _, err := client.CoreV1().Pods(v.pod.Namespace).Patch(ctx, v.pod.Name, types.StrategicMergePatchType, cond, metav1.PatchOptions{}, "status"); err != nil {
 			klog.FromContext(ctx).V(2).Info("Could not set the DisruptionTarget condition", "pod", klog.KObj(v.pod), "err", err)
 		}
 		if r := p.handle.EventRecorder(); r != nil {
