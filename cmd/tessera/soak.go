@@ -67,14 +67,8 @@ violation, printing the seed and step; the same seed replays the events.`,
 				fmt.Fprintln(stderr, "tessera soak: --events and --bound must be positive, --fault-every and --step not negative")
 				return exitUsage
 			}
-			logFile, err := os.CreateTemp("", "tessera-soak-*.log")
+			logPath, err := componentLog("tessera-soak-*.log", *verbose)
 			if err != nil {
-				fmt.Fprintf(stderr, "tessera soak: %v\n", err)
-				return exitError
-			}
-			logPath := logFile.Name()
-			logFile.Close()
-			if err := logToFile(logPath, *verbose); err != nil {
 				fmt.Fprintf(stderr, "tessera soak: %v\n", err)
 				return exitError
 			}

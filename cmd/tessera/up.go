@@ -70,14 +70,8 @@ func newUpCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 			opts.Dir = dir
 			// The log outlives the state directory: it is what to read when
 			// something went wrong, after the fact.
-			logFile, err := os.CreateTemp("", "tessera-up-*.log")
+			logPath, err := componentLog("tessera-up-*.log", *verbose)
 			if err != nil {
-				fmt.Fprintf(stderr, "tessera up: %v\n", err)
-				return exitError
-			}
-			logPath := logFile.Name()
-			logFile.Close()
-			if err := logToFile(logPath, *verbose); err != nil {
 				fmt.Fprintf(stderr, "tessera up: %v\n", err)
 				return exitError
 			}
@@ -140,6 +134,18 @@ func newUpCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 		return nil
 	}
 	return cmd
+}
+
+// componentLog makes a log file in $TMPDIR named by pattern, kept on exit,
+// and sends the components' klog output there.
+func componentLog(pattern string, verbosity int) (string, error) {
+	f, err := os.CreateTemp("", pattern)
+	if err != nil {
+		return "", err
+	}
+	path := f.Name()
+	f.Close()
+	return path, logToFile(path, verbosity)
 }
 
 // logToFile sends the components' klog output to path: kube-apiserver and

@@ -11,7 +11,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
-	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/pkg/agent"
 	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
@@ -90,23 +89,8 @@ func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
 		}
 	}
 	// Recording rules and the labels their results keep.
-	b, err := Files.ReadFile("tessera/files/tessera-rules.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rules struct {
-		Groups []struct {
-			Rules []struct {
-				Record string `json:"record"`
-				Expr   string `json:"expr"`
-			} `json:"rules"`
-		} `json:"groups"`
-	}
-	if err := yaml.Unmarshal(b, &rules); err != nil {
-		t.Fatal(err)
-	}
 	p := parser.NewParser(parser.Options{})
-	for _, g := range rules.Groups {
+	for _, g := range shippedRules(t).Groups {
 		for _, r := range g.Rules {
 			if r.Record == "" {
 				continue

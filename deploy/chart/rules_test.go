@@ -9,24 +9,36 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// TestEveryAlertHasARunbook: each shipped alert has a summary, a
-// description and a runbook_url into a README heading that exists.
-func TestEveryAlertHasARunbook(t *testing.T) {
+// rulesFile is the shipped rule file's shape.
+type rulesFile struct {
+	Groups []struct {
+		Rules []struct {
+			Alert       string            `json:"alert"`
+			Record      string            `json:"record"`
+			Expr        string            `json:"expr"`
+			Annotations map[string]string `json:"annotations"`
+		} `json:"rules"`
+	} `json:"groups"`
+}
+
+// shippedRules reads the chart's rule file.
+func shippedRules(t *testing.T) rulesFile {
+	t.Helper()
 	b, err := Files.ReadFile("tessera/files/tessera-rules.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rules struct {
-		Groups []struct {
-			Rules []struct {
-				Alert       string            `json:"alert"`
-				Annotations map[string]string `json:"annotations"`
-			} `json:"rules"`
-		} `json:"groups"`
-	}
+	var rules rulesFile
 	if err := yaml.Unmarshal(b, &rules); err != nil {
 		t.Fatal(err)
 	}
+	return rules
+}
+
+// TestEveryAlertHasARunbook: each shipped alert has a summary, a
+// description and a runbook_url into a README heading that exists.
+func TestEveryAlertHasARunbook(t *testing.T) {
+	rules := shippedRules(t)
 	readme, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)

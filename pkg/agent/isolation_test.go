@@ -220,9 +220,8 @@ func TestKernelMemoryLimitsHoldTimeSlicedSlices(t *testing.T) {
 	}
 }
 
-// isolationSeries reads tessera_slice_isolation: pod/gpu/dimension →
-// mechanism.
-func isolationSeries(t *testing.T, a *Agent) map[string]string {
+// gatherIsolation gathers what the isolation collector exports.
+func gatherIsolation(t *testing.T, a *Agent) []*dto.MetricFamily {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(isolationCollector{a})
@@ -230,8 +229,15 @@ func isolationSeries(t *testing.T, a *Agent) map[string]string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return mfs
+}
+
+// isolationSeries reads tessera_slice_isolation: pod/gpu/dimension →
+// mechanism.
+func isolationSeries(t *testing.T, a *Agent) map[string]string {
+	t.Helper()
 	out := map[string]string{}
-	for _, mf := range mfs {
+	for _, mf := range gatherIsolation(t, a) {
 		if mf.GetName() != "tessera_slice_isolation" {
 			continue
 		}
@@ -247,14 +253,8 @@ func isolationSeries(t *testing.T, a *Agent) map[string]string {
 // "memory bytes/cores ratio".
 func grantSeries(t *testing.T, a *Agent) map[string]string {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(isolationCollector{a})
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]string{}
-	for _, mf := range mfs {
+	for _, mf := range gatherIsolation(t, a) {
 		for _, m := range mf.GetMetric() {
 			l := labelsOf(m)
 			k := l["pod"] + "/" + l["container"] + "/" + l["UUID"]
