@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
@@ -235,10 +236,23 @@ func (k *kubelet) registerNode(ctx context.Context) error {
 	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: k.node, Labels: map[string]string{
 		"kubernetes.io/hostname": k.node, "kubernetes.io/os": "linux", "tessera.dev/playground": "true",
 	}}}
-	node, err := k.client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
-	if err != nil {
+	if _, err := k.client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("register node %s: %w", k.node, err)
 	}
+	// The agent may annotate the new Node at once (its inventory): write
+	// the status on the newest version.
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		node, err := k.client.CoreV1().Nodes().Get(ctx, k.node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		return k.writeStatus(ctx, node)
+	})
+}
+
+// writeStatus writes a registered Node's status: ready, with the playground
+// node's capacity.
+func (k *kubelet) writeStatus(ctx context.Context, node *v1.Node) error {
 	node.Status = v1.NodeStatus{
 		Capacity: nodeCapacity.DeepCopy(), Allocatable: nodeCapacity.DeepCopy(),
 		Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady",
@@ -246,7 +260,7 @@ func (k *kubelet) registerNode(ctx context.Context) error {
 		Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "127.0.0.1"}, {Type: v1.NodeHostName, Address: k.node}},
 		NodeInfo:  v1.NodeSystemInfo{KubeletVersion: "v1.37.2-tessera-playground", OperatingSystem: "linux", Architecture: "amd64"},
 	}
-	_, err = k.client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
+	_, err := k.client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
 	return err
 }
 
