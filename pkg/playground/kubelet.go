@@ -90,7 +90,11 @@ type kubelet struct {
 	running map[types.UID]*v1.Pod             // pods whose containers run
 	stopAt  map[types.UID]*time.Timer         // run-for timers
 	reacted map[types.UID]bool                // preemption notices acted on
-	synced  map[string]int64                  // last tessera.dev/gpu capacity written
+	// exited are the pods whose containers ended by themselves: they are
+	// not started again while the API still shows them Running (their
+	// status update in flight), as kubelet does not restart them.
+	exited map[types.UID]bool
+	synced map[string]int64 // last tessera.dev/gpu capacity written
 }
 
 func (k *kubelet) pluginDir() string { return filepath.Join(k.dir, "device-plugins") }
@@ -111,7 +115,7 @@ func newKubelet(node, dir, noticeRoot string, client kubernetes.Interface, l *lo
 		queue:   workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](200*time.Millisecond, 5*time.Second)),
 		devices: map[string]bool{}, held: map[types.UID]map[string][]string{},
 		running: map[types.UID]*v1.Pod{},
-		stopAt:  map[types.UID]*time.Timer{}, reacted: map[types.UID]bool{},
+		stopAt:  map[types.UID]*time.Timer{}, reacted: map[types.UID]bool{}, exited: map[types.UID]bool{},
 	}
 }
 
@@ -457,6 +461,9 @@ func (k *kubelet) sync(ctx context.Context, uid types.UID) error {
 	pod := k.podByUID(uid)
 	if pod == nil { // deleted
 		k.release(uid)
+		k.mu.Lock()
+		delete(k.exited, uid)
+		k.mu.Unlock()
 		return nil
 	}
 	if pod.DeletionTimestamp != nil {
@@ -477,8 +484,11 @@ func (k *kubelet) sync(ctx context.Context, uid types.UID) error {
 	}
 	k.mu.Lock()
 	_, running := k.running[uid]
+	exited := k.exited[uid]
 	k.mu.Unlock()
-	if running {
+	if running || exited {
+		// Running already; or ended by itself, its status on its way (the
+		// soak saw the stand-in start a finished pod's containers again).
 		return nil
 	}
 	return k.startPod(ctx, pod)
@@ -616,6 +626,9 @@ func (k *kubelet) release(uid types.UID) {
 // complete ends a run-for pod: its containers exited 0.
 func (k *kubelet) complete(ctx context.Context, uid types.UID) {
 	pod := k.podByUID(uid)
+	k.mu.Lock()
+	k.exited[uid] = true
+	k.mu.Unlock()
 	k.release(uid)
 	if pod == nil || pod.DeletionTimestamp != nil {
 		return
