@@ -420,8 +420,9 @@ func drain(ctx context.Context, c *playground.Cluster, client kubernetes.Interfa
 			}
 			cur = append(cur, Violation{"drained", fmt.Sprintf("%d pod(s) left: %v", len(s.Pods), left)})
 		}
-		if n := allocatedSlices(c.SchedulerMetricsURL); n != 0 {
-			cur = append(cur, Violation{"drained", fmt.Sprintf("the scheduler books %v slice(s)", n)})
+		if n := schedulerGauge(c.SchedulerMetricsURL, "tessera_scheduler_gpu_allocated_slices{"); n != 0 {
+			cur = append(cur, Violation{"drained", fmt.Sprintf("the scheduler books %v slice(s); %v preemption victim pod(s) await their agent's reclaim confirmation",
+				n, schedulerGauge(c.SchedulerMetricsURL, "tessera_scheduler_preemption_awaiting_reclaim"))})
 		}
 		for _, n := range c.Nodes {
 			if specs := leftoverSpecs(n.CDIDir); len(specs) > 0 {
@@ -443,9 +444,9 @@ func drain(ctx context.Context, c *playground.Cluster, client kubernetes.Interfa
 	return nil
 }
 
-// allocatedSlices sums tessera_scheduler_gpu_allocated_slices (-1 when the
-// endpoint cannot be read).
-func allocatedSlices(url string) float64 {
+// schedulerGauge sums the scheduler's series whose line starts with prefix
+// (-1 when the endpoint cannot be read).
+func schedulerGauge(url, prefix string) float64 {
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the playground's self-signed scheduler
 	resp, err := hc.Get(url)
 	if err != nil {
@@ -458,7 +459,7 @@ func allocatedSlices(url string) float64 {
 	}
 	var total float64
 	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "tessera_scheduler_gpu_allocated_slices{") {
+		if strings.HasPrefix(line, prefix) {
 			if v, err := strconv.ParseFloat(line[strings.LastIndex(line, " ")+1:], 64); err == nil {
 				total += v
 			}
