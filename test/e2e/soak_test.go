@@ -25,7 +25,7 @@ func TestShortSoak(t *testing.T) {
 		seed = v
 	}
 	c, _ := up(t, playground.Options{Nodes: 3, GPUsPerNode: 4, Model: "h100", MPSNodes: 1, QuietPeriod: 3 * time.Second})
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	var log strings.Builder
 	sum, err := soak.Run(ctx, c, soak.Options{Seed: seed, Events: 1000, FaultEvery: 30, Step: 20 * time.Millisecond, Bound: 45 * time.Second}, &log)
