@@ -116,7 +116,7 @@ fuzz:
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; name=$${t##*:}; \
 		echo "== $$name ($$pkg), $(FUZZEXECS) executions"; \
 		out=$$($(GO) test $$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZEXECS)x 2>&1); rc=$$?; \
-		echo "$$out" | grep -E 'execs: [0-9]+ \(|^(ok|FAIL|---)|Failing input|panic|_test.go' | tail -4; [ $$rc = 0 ] || exit 1; \
+		echo "$$out" | grep -E 'execs: [0-9]+ \(|^(ok|FAIL|---)|Failing input|panic|hung|deadline|_test.go' | tail -6; [ $$rc = 0 ] || exit 1; \
 	done
 
 clean:
