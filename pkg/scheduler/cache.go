@@ -179,14 +179,15 @@ func (c *Cache) SetNode(raw string, inv *gpu.NodeInventory) ([]string, error) {
 			c.maxGPUMemMiB = max(c.maxGPUMemMiB, s.node.GPUs[i].MemoryMiB)
 		}
 	}
-	snap := n.Clone()
-	c.mu.Unlock()
+	// The metrics follow under the lock, as every change's do: reported
+	// after unlocking, this snapshot could land after a newer one (a pod
+	// deleted meanwhile) and leave the series showing slices no pod holds
+	// (the soak's "the scheduler books 9 slices" with every pod gone).
 	if len(left) > 0 && c.onNodeGone != nil {
 		c.onNodeGone(inv.Node, left)
 	}
-	if c.onNodeChange != nil {
-		c.onNodeChange(inv.Node, snap)
-	}
+	c.notify(inv.Node, n.Clone())
+	c.mu.Unlock()
 	sort.Strings(overfull)
 	return overfull, nil
 }
@@ -200,17 +201,20 @@ func gpuSeries(g *allocator.GPU) string {
 // return.
 func (c *Cache) RemoveNode(name string) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	s, ok := c.nodes[name]
-	if ok {
-		delete(c.nodes, name)
-		for _, rec := range c.pods {
-			if rec.assignment.Node == name {
-				rec.booked = false
-			}
+	if !ok {
+		return
+	}
+	delete(c.nodes, name)
+	for _, rec := range c.pods {
+		if rec.assignment.Node == name {
+			rec.booked = false
 		}
 	}
-	c.mu.Unlock()
-	if ok && c.onNodeGone != nil {
+	// Under the lock, in order with the node's other changes (a re-added
+	// node's series must not be dropped by its removal reported late).
+	if c.onNodeGone != nil {
 		c.onNodeGone(name, s.node.GPUs)
 	}
 }
