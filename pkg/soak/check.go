@@ -43,6 +43,8 @@ type PodState struct {
 	Assignment *gpu.PodAssignment
 	// PendingReason is the scheduler's message while it waits.
 	PendingReason string
+	// Victim: it carries a preemption notice.
+	Victim bool
 }
 
 func (p PodState) key() string { return p.Namespace + "/" + p.Name }

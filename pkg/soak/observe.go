@@ -19,6 +19,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
 	"github.com/tessera-gpu/tessera/pkg/inventory"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
+	"github.com/tessera-gpu/tessera/pkg/preemption"
 )
 
 // NodeAccess is where a node's kubelet and agent can be read: kubelet's
@@ -69,7 +70,8 @@ func (o *observer) observe(ctx context.Context) (State, error) {
 			continue
 		}
 		ps := PodState{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Node: p.Spec.NodeName,
-			Phase: string(p.Status.Phase), Deleting: p.DeletionTimestamp != nil, Created: p.CreationTimestamp.Time}
+			Phase: string(p.Status.Phase), Deleting: p.DeletionTimestamp != nil, Created: p.CreationTimestamp.Time,
+			Victim: preemption.IsVictim(p)}
 		if ps.Phase == "" {
 			ps.Phase = string(v1.PodPending)
 		}

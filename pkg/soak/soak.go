@@ -33,7 +33,6 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/playground"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
-	"github.com/tessera-gpu/tessera/pkg/preemption"
 )
 
 // Namespace holds the soak's pods.
@@ -255,9 +254,9 @@ func Run(ctx context.Context, c *playground.Cluster, opts Options, log io.Writer
 		if step%10 == 0 {
 			sum.Checks++
 			violate(step, Liveness(s, opts.Bound))
-			for name := range victimsIn(ctx, client) {
-				if !victims[name] {
-					victims[name] = true
+			for _, p := range s.Pods {
+				if p.Victim && !victims[p.Name] {
+					victims[p.Name] = true
 					sum.Observed["preemption victim"]++
 				}
 			}
@@ -290,21 +289,6 @@ func touched(faults []time.Time, from, to time.Time) bool {
 		}
 	}
 	return false
-}
-
-// victimsIn names the pods that carry a preemption notice.
-func victimsIn(ctx context.Context, client kubernetes.Interface) map[string]bool {
-	out := map[string]bool{}
-	pods, err := client.CoreV1().Pods(Namespace).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return out
-	}
-	for i := range pods.Items {
-		if preemption.IsVictim(&pods.Items[i]) {
-			out[pods.Items[i].Name] = true
-		}
-	}
-	return out
 }
 
 // pendingWithRoom tracks how long each unplaced pod has waited while the
@@ -478,11 +462,15 @@ func drain(ctx context.Context, c *playground.Cluster, client kubernetes.Interfa
 	return nil
 }
 
+// schedulerClient reads the playground scheduler's metrics (HTTPS with a
+// self-signed certificate); one for the run, so its connections are reused.
+var schedulerClient = &http.Client{Timeout: 5 * time.Second,
+	Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the playground's self-signed scheduler
+
 // schedulerGauge sums the scheduler's series whose line starts with prefix
 // (-1 when the endpoint cannot be read).
 func schedulerGauge(url, prefix string) float64 {
-	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the playground's self-signed scheduler
-	resp, err := hc.Get(url)
+	resp, err := schedulerClient.Get(url)
 	if err != nil {
 		return -1
 	}
