@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -46,12 +47,14 @@ type Cache struct {
 	// slice no GPU of the cluster could ever hold.
 	maxGPUMemMiB int64
 
-	// onNodeChange is called, without locks, with a node whose usage or
+	// onNodeChange is called, under mu, with a node whose usage or
 	// inventory changed (metrics).
 	onNodeChange func(name string, n *allocator.Node)
-	// onNodeGone is called, without locks, with GPUs whose series must go:
-	// all of a node that left, or those that left a node's inventory.
+	// onNodeGone is called, under mu, with GPUs whose series must go: all
+	// of a node that left, or those that left a node's inventory.
 	onNodeGone func(name string, gpus []allocator.GPU)
+	// reportCtx ends the reports (see reportUntil).
+	reportCtx context.Context
 }
 
 type nodeState struct {
@@ -183,7 +186,7 @@ func (c *Cache) SetNode(raw string, inv *gpu.NodeInventory) ([]string, error) {
 	// after unlocking, this snapshot could land after a newer one (a pod
 	// deleted meanwhile) and leave the series showing slices no pod holds
 	// (the soak's "the scheduler books 9 slices" with every pod gone).
-	if len(left) > 0 && c.onNodeGone != nil {
+	if len(left) > 0 && c.reporting() && c.onNodeGone != nil {
 		c.onNodeGone(inv.Node, left)
 	}
 	c.notify(inv.Node, n.Clone())
@@ -214,7 +217,7 @@ func (c *Cache) RemoveNode(name string) {
 	}
 	// Under the lock, in order with the node's other changes (a re-added
 	// node's series must not be dropped by its removal reported late).
-	if c.onNodeGone != nil {
+	if c.reporting() && c.onNodeGone != nil {
 		c.onNodeGone(name, s.node.GPUs)
 	}
 }
@@ -479,10 +482,27 @@ func (c *Cache) unbookLocked(rec *podRecord) {
 // keeps metric updates in the order of the changes; the callback must not
 // call back into the cache.
 func (c *Cache) notify(name string, snap *allocator.Node) {
-	if c.onNodeChange != nil {
+	if c.reporting() && c.onNodeChange != nil {
 		c.onNodeChange(name, snap)
 	}
 }
+
+// reportUntil sends the cache's node changes to change and gone, in their
+// order, until ctx ends. A cache whose scheduler stopped must not write the
+// process's series any more: in one process (the playground, tessera up, the
+// soak) a restarted scheduler's new cache reports the same GPUs, and the
+// stopped one's last cycle still in flight — a Reserve, the Unreserve of a
+// bind its stop cancelled, a reclaim expiring — would overwrite them with a
+// frozen view whose pods nobody deletes from it any more: the soak saw the
+// series keep slices booked with every pod gone.
+func (c *Cache) reportUntil(ctx context.Context, change func(string, *allocator.Node), gone func(string, []allocator.GPU)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.reportCtx, c.onNodeChange, c.onNodeGone = ctx, change, gone
+}
+
+// reporting says whether changes are reported; callers hold mu.
+func (c *Cache) reporting() bool { return c.reportCtx != nil && c.reportCtx.Err() == nil }
 
 // Orphans lists the pods whose booking is not counted on any node because
 // their node has no inventory. Assignments refused as over their node's

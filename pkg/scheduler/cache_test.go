@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -529,11 +530,11 @@ func TestStaleSeriesGo(t *testing.T) {
 	registerMetrics()
 	p := &Plugin{shared: &shared{cache: NewCache(1.5)}}
 	var gone []string
-	p.cache.onNodeGone = func(name string, gpus []allocator.GPU) {
+	p.cache.reportUntil(context.Background(), nil, func(name string, gpus []allocator.GPU) {
 		for _, g := range gpus {
 			gone = append(gone, name+"/"+g.UUID)
 		}
-	}
+	})
 	if _, err := p.cache.SetNode("v1", testInventory("n1", 3, 81920, false)); err != nil {
 		t.Fatal(err)
 	}
@@ -557,5 +558,36 @@ func TestStaleSeriesGo(t *testing.T) {
 	p.onPodDelete(pod)
 	if v, _ := metricstestutil.GetGaugeMetricValue(orphanedPods); v != 0 {
 		t.Fatalf("orphaned_pods = %v after the pod left", v)
+	}
+}
+
+// TestStoppedCacheReportsNothing: once its scheduler's context ends, a cache
+// writes no series — in one process a restarted scheduler's new cache owns
+// them, and the old one's last in-flight cycle (here a Reserve and the
+// Unreserve of a cancelled bind) overwrote them with bookings no pod held
+// any more (the soak: "the scheduler books 9 slices" with every pod gone).
+func TestStoppedCacheReportsNothing(t *testing.T) {
+	c := NewCache(1)
+	ctx, stop := context.WithCancel(context.Background())
+	var reports []string
+	c.reportUntil(ctx, func(name string, n *allocator.Node) {
+		reports = append(reports, fmt.Sprintf("%s:%d", name, n.GPUs[0].Tenants()))
+	}, func(name string, _ []allocator.GPU) { reports = append(reports, name+" gone") })
+	if _, err := c.SetNode("v1", testInventory("n1", 1, 81920, false)); err != nil {
+		t.Fatal(err)
+	}
+	a := newAllocator(t)
+	req := compile(t, &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "m", GPUs: 1, MemoryMiB: 8192, CoresPercent: 10}}})
+	if _, r, err := c.Reserve(a, "u1", "ns/p1", "n1", req); err != nil || !r.OK() {
+		t.Fatalf("reserve: %v %v", r, err)
+	}
+	stop()
+	if _, r, err := c.Reserve(a, "u2", "ns/p2", "n1", req); err != nil || !r.OK() {
+		t.Fatalf("reserve after stop: %v %v", r, err)
+	}
+	c.ForgetAssumed("u2")
+	c.RemoveNode("n1")
+	if got := strings.Join(reports, " "); got != "n1:0 n1:1" {
+		t.Fatalf("reports %q, want only those before the stop (n1:0 n1:1)", got)
 	}
 }

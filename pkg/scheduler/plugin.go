@@ -128,11 +128,10 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 		return p, nil
 	}
 	s := &shared{cache: NewCache(cfg.MemoryOversubscription), workload: newWorkloadTracker(base, cfg.WorkloadCoverage)}
-	s.cache.onNodeChange = func(name string, n *allocator.Node) {
+	s.cache.reportUntil(ctx, func(name string, n *allocator.Node) {
 		recordNode(name, n)
 		recordFragmentation(name, n, s.workload.Current())
-	}
-	s.cache.onNodeGone = forgetNode
+	}, forgetNode)
 	p.shared = s
 	logger := klog.FromContext(ctx).WithName(Name)
 	nodes, err := factory.Core().V1().Nodes().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
