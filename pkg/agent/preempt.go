@@ -117,11 +117,21 @@ const noticeSweepEvery = 10 * time.Second
 // victims still being reclaimed: their directories go when reclaim ends.
 // The node's pods come from the informer the device plugin reads, so a
 // directory made for a pod is never older than the pod's entry there.
+//
+// A directory that still holds its notice belongs to a victim that left
+// while no agent watched (this one restarted: victims are otherwise known
+// only in memory): it is adopted as a victim, so the pass reclaims it and
+// lists it as reclaimed, instead of the scheduler holding its slices until
+// its reclaim timeout (found by the soak). Its GPUs are not known any more,
+// so the reclaim looks on all of the node's. A notice a tenant forged in its
+// own directory costs nothing: its pod's leftovers are looked for, and the
+// scheduler ignores a reclaim of a pod it did not preempt.
 func (a *Agent) sweepNoticeDirs(ctx context.Context, onNode map[types.UID]bool) {
+	logger := klog.FromContext(ctx)
 	entries, err := os.ReadDir(a.opts.NoticeRoot)
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
-			klog.FromContext(ctx).Error(err, "Listing preemption notice directories")
+			logger.Error(err, "Listing preemption notice directories")
 		}
 		return
 	}
@@ -129,10 +139,21 @@ func (a *Agent) sweepNoticeDirs(ctx context.Context, onNode map[types.UID]bool) 
 	defer a.preemptMu.Unlock()
 	for _, e := range entries {
 		uid := types.UID(e.Name())
-		if e.IsDir() && !onNode[uid] && a.victims[uid] == nil {
-			if err := os.RemoveAll(filepath.Join(a.opts.NoticeRoot, e.Name())); err != nil {
-				klog.FromContext(ctx).Error(err, "Removing a preemption notice directory", "uid", uid)
+		if !e.IsDir() || onNode[uid] || a.victims[uid] != nil {
+			continue
+		}
+		dir := filepath.Join(a.opts.NoticeRoot, e.Name())
+		if noticed, err := tenantdir.HasFile(dir, preemption.NoticeFile); err == nil && noticed {
+			v := &victim{}
+			for _, d := range a.devices {
+				v.gpus = append(v.gpus, d.UUID)
 			}
+			a.victims[uid] = v
+			logger.Info("Adopting a preemption victim that left while no agent watched", "uid", uid)
+			continue
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			logger.Error(err, "Removing a preemption notice directory", "uid", uid)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -226,5 +227,50 @@ func TestNoticeDirsOfPodsThatLeftAreRemoved(t *testing.T) {
 	}
 	if fmt.Sprint(left) != "[live reclaiming]" {
 		t.Fatalf("notice directories left: %v, want [live reclaiming]", left)
+	}
+}
+
+// TestVictimThatLeftWhileTheAgentWasAwayIsReclaimed: victims are known in
+// memory, so one whose pod left while the agent restarted was never listed
+// as reclaimed, and the scheduler held its slices until its reclaim timeout
+// (found by the soak). Its notice directory still holds the notice: the
+// agent adopts it, reclaims it, lists it, and removes the directory; a
+// directory without a notice is only removed.
+func TestVictimThatLeftWhileTheAgentWasAwayIsReclaimed(t *testing.T) {
+	srv := dgxh100.New()
+	nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{SMCount: 132} })
+	root := t.TempDir()
+	for _, uid := range []string{"victim-left", "tenant-left"} {
+		if err := os.MkdirAll(filepath.Join(root, uid), 0o777); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(root, "victim-left", preemption.NoticeFile), []byte(`{"preemptor":"ns/big"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(Options{Node: "n1", Config: config.Default(), Client: newNode(), NVML: srv, CDIDir: t.TempDir(),
+		ProcRoot: t.TempDir(), NodePods: func() []*v1.Pod { return nil }, NoticeRoot: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.preemptionPass(context.Background(), time.Now())
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := os.Stat(filepath.Join(root, "victim-left"))
+		if slices.Contains(a.reclaimedList(), "victim-left") && os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the victim that left is not reclaimed: listed %v, its directory: %v", a.reclaimedList(), err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if slices.Contains(a.reclaimedList(), "tenant-left") {
+		t.Error("a pod that was no victim is listed as reclaimed")
+	}
+	for _, uid := range []string{"victim-left", "tenant-left"} {
+		if _, err := os.Stat(filepath.Join(root, uid)); !os.IsNotExist(err) {
+			t.Errorf("notice directory %s left: %v", uid, err)
+		}
 	}
 }
