@@ -78,12 +78,22 @@ type kubelet struct {
 	// containers start, as kubelet's pod container manager does.
 	cgroupRoot string
 
+	// nodeCtx is the node's life; each run of kubelet (between restarts)
+	// has its own, ended by runCancel, and runDone waits for its workers.
+	nodeCtx   context.Context
+	runCancel context.CancelFunc
+	runDone   sync.WaitGroup
+
+	// runMu guards this run's servers, work queue and pod informer (apart
+	// from mu: the pod-resources provider reads pods holding mu).
+	runMu    sync.Mutex
 	reg      dpv1beta1.Server
 	podRes   *grpc.Server
 	queue    workqueue.TypedRateLimitingInterface[types.UID]
 	informer cache.SharedIndexInformer
 
-	mu      sync.Mutex
+	mu sync.Mutex
+
 	plugin  dpv1beta1.DevicePlugin
 	devices map[string]bool                   // slot → healthy
 	held    map[types.UID]map[string][]string // pod → container → slots
@@ -112,7 +122,6 @@ var nodeCapacity = v1.ResourceList{
 func newKubelet(node, dir, noticeRoot string, client kubernetes.Interface, l *load) *kubelet {
 	return &kubelet{
 		node: node, dir: dir, client: client, load: l, noticeRoot: noticeRoot,
-		queue:   workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](200*time.Millisecond, 5*time.Second)),
 		devices: map[string]bool{}, held: map[types.UID]map[string][]string{},
 		running: map[types.UID]*v1.Pod{},
 		stopAt:  map[types.UID]*time.Timer{}, reacted: map[types.UID]bool{}, exited: map[types.UID]bool{},
@@ -120,65 +129,107 @@ func newKubelet(node, dir, noticeRoot string, client kubernetes.Interface, l *lo
 }
 
 // start registers the Node and starts kubelet's servers; the pod workers run
-// until ctx ends.
+// until ctx ends (or the next restart).
 func (k *kubelet) start(ctx context.Context) error {
-	logger := klog.FromContext(ctx)
 	if err := k.registerNode(ctx); err != nil {
 		return err
 	}
+	k.nodeCtx = ctx
+	return k.run(ctx)
+}
+
+// run starts kubelet's servers, its pod informer and its workers, until ctx
+// ends or restart stops them.
+func (k *kubelet) run(ctx context.Context) error {
+	logger := klog.FromContext(ctx)
+	rctx, cancel := context.WithCancel(ctx)
+	// The registration server wipes the plugin directory and creates
+	// kubelet.sock anew, as kubelet's device manager does at its start: the
+	// agent's plugin must notice and register again.
 	reg, err := dpv1beta1.NewServer(logger, filepath.Join(k.pluginDir(), filepath.Base(pluginapi.KubeletSocket)), k, k)
 	if err != nil {
+		cancel()
 		return err
 	}
 	if err := reg.Start(logger); err != nil {
+		cancel()
 		return fmt.Errorf("node %s: device-plugin registration server: %w", k.node, err)
 	}
-	k.reg = reg
 	if err := os.MkdirAll(filepath.Dir(k.podResourcesSocket()), 0o750); err != nil {
+		cancel()
 		return err
 	}
+	_ = os.Remove(k.podResourcesSocket()) // left by the run before a restart
 	l, err := net.Listen("unix", k.podResourcesSocket())
 	if err != nil {
+		cancel()
 		return err
 	}
-	k.podRes = grpc.NewServer()
-	podresourcesapi.RegisterPodResourcesListerServer(k.podRes, podresources.NewV1PodResourcesServer(ctx, podresources.PodResourcesProviders{
+	podRes := grpc.NewServer()
+	podresourcesapi.RegisterPodResourcesListerServer(podRes, podresources.NewV1PodResourcesServer(rctx, podresources.PodResourcesProviders{
 		Pods: k, Devices: k, Cpus: noCPUs{}, Memory: noMemory{}, DynamicResources: noDynamic{},
 	}))
-	go func() { _ = k.podRes.Serve(l) }()
+	go func() { _ = podRes.Serve(l) }()
 
+	queue := workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](200*time.Millisecond, 5*time.Second))
 	factory := informers.NewSharedInformerFactoryWithOptions(k.client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", k.node).String()
 	}))
-	k.informer = factory.Core().V1().Pods().Informer()
+	informer := factory.Core().V1().Pods().Informer()
 	enqueue := func(obj any) {
 		if p, ok := obj.(*v1.Pod); ok {
-			k.queue.Add(p.UID)
+			queue.Add(p.UID)
 		} else if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			if p, ok := t.Obj.(*v1.Pod); ok {
-				k.queue.Add(p.UID)
+				queue.Add(p.UID)
 			}
 		}
 	}
-	if _, err := k.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: enqueue, UpdateFunc: func(_, o any) { enqueue(o) }, DeleteFunc: enqueue,
 	}); err != nil {
+		cancel()
 		return err
 	}
-	if err := k.informer.AddIndexers(cache.Indexers{"uid": func(obj any) ([]string, error) {
+	if err := informer.AddIndexers(cache.Indexers{"uid": func(obj any) ([]string, error) {
 		return []string{string(obj.(*v1.Pod).UID)}, nil
 	}}); err != nil {
+		cancel()
 		return err
 	}
-	factory.Start(ctx.Done())
-	factory.WaitForCacheSync(ctx.Done())
+	k.runMu.Lock()
+	k.reg, k.podRes, k.queue, k.informer, k.runCancel = reg, podRes, queue, informer, cancel
+	k.runMu.Unlock()
+	factory.Start(rctx.Done())
+	factory.WaitForCacheSync(rctx.Done())
 	// Kubelet admits pods one at a time but starts their containers in
 	// parallel; several workers put the agent's lookups under concurrency.
 	for range 8 {
-		go k.work(ctx)
+		k.runDone.Go(func() { k.work(rctx, queue) })
 	}
-	go wait.UntilWithContext(ctx, k.watchNotices, 100*time.Millisecond)
+	k.runDone.Go(func() { wait.UntilWithContext(rctx, k.watchNotices, 100*time.Millisecond) })
 	return nil
+}
+
+// restart stops kubelet and starts it again, as a node's kubelet restart
+// does: containers and their GPU processes run on, and the device manager's
+// checkpoint keeps every pod's slots; the device plugin's connection is lost
+// until the agent registers again on the new kubelet.sock, and the pod
+// workers see every pod of the node afresh.
+func (k *kubelet) restart() error {
+	k.runMu.Lock()
+	cancel, queue, reg, podRes := k.runCancel, k.queue, k.reg, k.podRes
+	k.runMu.Unlock()
+	logger := klog.FromContext(k.nodeCtx)
+	cancel()
+	queue.ShutDown()
+	_ = reg.Stop(logger)
+	podRes.Stop()
+	k.runDone.Wait()
+	k.mu.Lock()
+	k.plugin = nil
+	k.mu.Unlock()
+	return k.run(k.nodeCtx)
 }
 
 // watchNotices plays the workloads' side of the preemption contract: a
@@ -222,12 +273,20 @@ func (k *kubelet) watchNotices(ctx context.Context) {
 
 // stop stops the servers and the workers.
 func (k *kubelet) stop(logger klog.Logger) {
-	k.queue.ShutDown()
-	if k.reg != nil {
-		_ = k.reg.Stop(logger)
+	k.runMu.Lock()
+	cancel, queue, reg, podRes := k.runCancel, k.queue, k.reg, k.podRes
+	k.runMu.Unlock()
+	if cancel != nil {
+		cancel()
 	}
-	if k.podRes != nil {
-		k.podRes.Stop()
+	if queue != nil {
+		queue.ShutDown()
+	}
+	if reg != nil {
+		_ = reg.Stop(logger)
+	}
+	if podRes != nil {
+		podRes.Stop()
 	}
 	k.mu.Lock()
 	for _, t := range k.stopAt {
@@ -427,31 +486,34 @@ func (noDynamic) GetDynamicResources(klog.Logger, *v1.Pod, *v1.Container) []*pod
 
 // podByUID is the informer's pod with this UID, or nil.
 func (k *kubelet) podByUID(uid types.UID) *v1.Pod {
-	objs, err := k.informer.GetIndexer().ByIndex("uid", string(uid))
+	k.runMu.Lock()
+	informer := k.informer
+	k.runMu.Unlock()
+	objs, err := informer.GetIndexer().ByIndex("uid", string(uid))
 	if err != nil || len(objs) == 0 {
 		return nil
 	}
 	return objs[0].(*v1.Pod)
 }
 
-func (k *kubelet) work(ctx context.Context) {
+func (k *kubelet) work(ctx context.Context, queue workqueue.TypedRateLimitingInterface[types.UID]) {
 	for {
-		uid, quit := k.queue.Get()
+		uid, quit := queue.Get()
 		if quit {
 			return
 		}
 		err := k.sync(ctx, uid)
 		switch {
 		case err == nil:
-			k.queue.Forget(uid)
+			queue.Forget(uid)
 		case ctx.Err() != nil:
-		case k.queue.NumRequeues(uid) < 10:
+		case queue.NumRequeues(uid) < 10:
 			klog.FromContext(ctx).V(2).Info("Pod not started yet; retrying", "node", k.node, "uid", uid, "err", err)
-			k.queue.AddRateLimited(uid)
+			queue.AddRateLimited(uid)
 		default:
-			k.queue.Forget(uid)
+			queue.Forget(uid)
 		}
-		k.queue.Done(uid)
+		queue.Done(uid)
 	}
 }
 
@@ -544,7 +606,8 @@ func (k *kubelet) startPod(ctx context.Context, pod *v1.Pod) error {
 	k.running[pod.UID] = pod
 	if d, err := time.ParseDuration(pod.Annotations[AnnotationRunFor]); err == nil && d > 0 {
 		uid := pod.UID
-		k.stopAt[uid] = time.AfterFunc(d, func() { k.complete(ctx, uid) })
+		// The container's own clock: it outlives a kubelet restart.
+		k.stopAt[uid] = time.AfterFunc(d, func() { k.complete(k.nodeCtx, uid) })
 	}
 	k.mu.Unlock()
 	k.load.start(pod, ids)

@@ -27,7 +27,6 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
-	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	v1 "k8s.io/api/core/v1"
@@ -39,11 +38,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
-	"k8s.io/component-base/configz"
 	"k8s.io/klog/v2"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
-	"k8s.io/kubernetes/cmd/kube-scheduler/app"
-	"k8s.io/kubernetes/cmd/kube-scheduler/app/options"
 
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/pkg/agent"
@@ -51,7 +47,6 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/inventory"
-	"github.com/tessera-gpu/tessera/pkg/scheduler"
 )
 
 // Options describe a playground.
@@ -72,6 +67,15 @@ type Options struct {
 	// QuietPeriod is how long a faulted GPU stays out of service after its
 	// last fault (the agents' health.quietPeriod); the default when zero.
 	QuietPeriod time.Duration
+	// FastSliceAdjuster makes the agents' slice adjuster decide within
+	// seconds (a 20 s window, evaluated every second, three in a row, 5 s
+	// apart) instead of minutes, so GPUs' slice counts change under a short
+	// run's load (the soak).
+	FastSliceAdjuster bool
+	// SchedulerReplicas runs that many tessera-schedulers electing a
+	// leader on the shipped Lease, as the chart's replicas do (0 or 1: one
+	// scheduler, no election).
+	SchedulerReplicas int
 }
 
 // Models are the GPU models a playground node can have.
@@ -98,6 +102,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("--gpus-per-node %d: want 1–8 (the mocks are DGX servers)", o.GPUsPerNode)
 	case o.MPSNodes < 0 || o.MPSNodes > o.Nodes:
 		return fmt.Errorf("--mps-nodes %d: want 0–%d", o.MPSNodes, o.Nodes)
+	case o.SchedulerReplicas < 0 || o.SchedulerReplicas > 3:
+		return fmt.Errorf("scheduler replicas %d: want 0–3", o.SchedulerReplicas)
 	case o.MPSNodes > 0 && len(o.MPSControl) == 0:
 		return errors.New("MPS nodes need an MPS control program (MPSControl)")
 	}
@@ -179,11 +185,17 @@ type Cluster struct {
 	// self-signed; open to anonymous reads, as the playground allows).
 	SchedulerMetricsURL string
 
-	ownDir    bool
-	cp        *controlPlane
-	schedStop context.CancelFunc
-	schedDone chan struct{}
-	downOnce  sync.Once
+	ownDir bool
+	cp     *controlPlane
+	// The scheduler: one (schedStop, schedDone), or replicas electing a
+	// leader; every one serves its metrics on schedPort.
+	schedPort  int
+	schedStop  context.CancelFunc
+	schedDone  chan struct{}
+	schedMu    sync.Mutex
+	replicas   []*schedulerReplica
+	replicaSeq int
+	downOnce   sync.Once
 }
 
 // Up starts a playground and returns when every node serves its GPUs: its
@@ -225,7 +237,7 @@ func Up(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if err := createPriorityClasses(ctx, c.Client); err != nil {
 		return nil, err
 	}
-	if err := c.startScheduler(ctx); err != nil {
+	if err := c.startScheduler(ctx, opts.SchedulerReplicas); err != nil {
 		return nil, err
 	}
 	var mpsControl string
@@ -272,65 +284,6 @@ func createPriorityClasses(ctx context.Context, client kubernetes.Interface) err
 			return fmt.Errorf("PriorityClass %s: %w", pcs[i].Name, err)
 		}
 	}
-	return nil
-}
-
-// schedulerConfig is the shipped scheduler configuration for a cluster of
-// one scheduler, on this playground's API server.
-func schedulerConfig(kubeconfig string) string {
-	return deploy.StandaloneSchedulerConfig() + fmt.Sprintf("clientConnection: {kubeconfig: %q}\n", kubeconfig)
-}
-
-// startScheduler runs tessera-scheduler as cmd/tessera-scheduler does: the
-// kube-scheduler command's options, with the TesseraGPU plugins.
-func (c *Cluster) startScheduler(ctx context.Context) error {
-	dir := filepath.Join(c.Dir, "scheduler")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	// tessera-scheduler acts as its service account, so the admission
-	// policies and RBAC treat it as they would in a cluster.
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := WriteKubeconfig(As(c.Config, deploy.SchedulerUser, nil), kubeconfig); err != nil {
-		return err
-	}
-	path := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(path, []byte(schedulerConfig(kubeconfig)), 0o600); err != nil {
-		return err
-	}
-	ports, err := freePorts(1)
-	if err != nil {
-		return err
-	}
-	opts := options.NewOptions()
-	fs := pflag.NewFlagSet("tessera-scheduler", pflag.ContinueOnError)
-	for _, f := range opts.Flags.FlagSets {
-		fs.AddFlagSet(f)
-	}
-	if err := fs.Parse([]string{"--config", path,
-		"--bind-address", "127.0.0.1", "--secure-port", fmt.Sprint(ports[0]), "--cert-dir", dir,
-		"--authentication-kubeconfig", kubeconfig, "--authorization-kubeconfig", kubeconfig,
-		"--authorization-always-allow-paths", "/healthz,/readyz,/livez,/metrics",
-	}); err != nil {
-		return err
-	}
-	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	cc, sched, err := app.Setup(sctx, opts, scheduler.Register)
-	if err != nil {
-		cancel()
-		return fmt.Errorf("tessera-scheduler: %w", err)
-	}
-	// app.Run registers the configuration on the process-wide configz
-	// endpoint; a second playground in this process must find it free.
-	configz.Delete("componentconfig")
-	c.schedStop, c.schedDone = cancel, make(chan struct{})
-	go func() {
-		defer close(c.schedDone)
-		if err := app.Run(sctx, cc, sched); err != nil && sctx.Err() == nil {
-			klog.FromContext(ctx).Error(err, "tessera-scheduler stopped")
-		}
-	}()
-	c.SchedulerMetricsURL = fmt.Sprintf("https://127.0.0.1:%d/metrics", ports[0])
 	return nil
 }
 
@@ -429,6 +382,11 @@ func (c *Cluster) runAgent(nctx context.Context, opts Options, n *Node, mpsContr
 	if opts.QuietPeriod > 0 {
 		cfg.Health.QuietPeriod.Duration = opts.QuietPeriod
 	}
+	if opts.FastSliceAdjuster {
+		f := &cfg.Fragments
+		f.SampleInterval.Duration, f.Window.Duration, f.Horizon.Duration = 200*time.Millisecond, 20*time.Second, 5*time.Second
+		f.EvaluateEvery.Duration, f.Consecutive, f.Cooldown.Duration = time.Second, 3, 5*time.Second
+	}
 	a, err := agent.New(agent.Options{
 		Node: n.Name, Config: cfg, Client: agentClient, NVML: n.NVML,
 		MPS: n.MPS, MPSBinary: mpsControl, MPSRoot: n.MPSRoot,
@@ -483,12 +441,11 @@ func (n *Node) QuitMPS(ctx context.Context, i int) error {
 	return err
 }
 
-// RestartScheduler stops tessera-scheduler and starts a new one, which must
-// count every existing assignment before it books anything.
-func (c *Cluster) RestartScheduler(ctx context.Context) error {
-	c.schedStop()
-	<-c.schedDone
-	return c.startScheduler(ctx)
+// RestartKubelet restarts the node's stand-in kubelet: its containers run on,
+// its device manager keeps their slots, and the agent's device plugin must
+// find the new kubelet.sock and register again before a new GPU pod starts.
+func (n *Node) RestartKubelet() error {
+	return n.kubelet.restart()
 }
 
 // StopAgent stops the node's agent alone, as a crashed agent pod would
@@ -546,10 +503,7 @@ func (c *Cluster) Down() {
 			_ = n.conn.Close()
 			n.kubelet.stop(logger)
 		}
-		if c.schedStop != nil {
-			c.schedStop()
-			<-c.schedDone
-		}
+		c.stopSchedulers()
 		if c.cp != nil {
 			c.cp.stop()
 		}

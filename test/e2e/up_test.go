@@ -460,6 +460,36 @@ func TestPlayground(t *testing.T) {
 		t.Fatalf("garbage inventory on %s not restored with an event: %v", c.Nodes[2].Name, err)
 	}
 
+	// Kubelet restarts on the node of "whole": the pod runs on with its
+	// slots (the device manager's checkpoint), and the agent registers
+	// again on the new kubelet.sock, so a GPU pod sent there afterwards
+	// starts.
+	wholeNode := byNode[pods["whole"].Spec.NodeName]
+	before := held(t, wholeNode.PodResourcesSocket)[ns+"/whole/main"]
+	if err := wholeNode.RestartKubelet(); err != nil {
+		t.Fatal(err)
+	}
+	var after []string
+	err = wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		after = held(t, wholeNode.PodResourcesSocket)[ns+"/whole/main"]
+		return len(after) > 0, nil
+	})
+	if err != nil || fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Fatalf("after kubelet's restart, whole holds %v, want %v (%v)", after, before, err)
+	}
+	if p, err := client.CoreV1().Pods(ns).Get(context.Background(), "whole", metav1.GetOptions{}); err != nil || p.Status.Phase != v1.PodRunning {
+		t.Fatalf("whole after kubelet's restart: %v", err)
+	}
+	afterRestart := playground.PodSpec{Name: "after-kubelet-restart", GPUs: 1, MemoryMiB: 4096, Cores: 10, Sharing: gpu.ModeAuto, PriorityClass: "gpu-standard"}.Pod(ns)
+	afterRestart.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": wholeNode.Name}
+	if _, err := client.CoreV1().Pods(ns).Create(context.Background(), afterRestart, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitRunning(t, client, ns, []string{afterRestart.Name}, 30*time.Second)
+	if err := client.CoreV1().Pods(ns).Delete(context.Background(), afterRestart.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
+
 	// Deletion: kubelet stops the pod, releases its slots, removes it.
 	tsNode := byNode[pods["ts"].Spec.NodeName]
 	if err := client.CoreV1().Pods(ns).Delete(context.Background(), "ts", metav1.DeleteOptions{}); err != nil {
