@@ -26,11 +26,13 @@ func newSoakCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 		Long: `Starts a playground (as tessera up does) and drives it with a seeded,
 randomized stream of GPU pods — every shape, mode, workload class and
 priority; some finish by themselves, victims checkpoint, exit or ignore their
-notice — and faults at random times: tessera-scheduler and agents restarted,
-XIDs and their recovery, MPS daemons told to quit. After every step it
-checks, from what a user could read, that no GPU is over-granted or shared
-in two modes, no slot is held twice, every running container's CDI spec is
-its assignment, no slice lands on an unhealthy GPU; every tenth step, that
+notice; a few leave a GPU process that will not die — and faults at random
+times: the leader of two tessera-scheduler replicas killed, agents and
+kubelets restarted, XIDs and their recovery, MPS daemons told to quit, nodes
+removed and re-added. After every step it checks, from what a user could
+read, that no GPU is over-granted or shared in two modes, no slot is held
+twice, every running container's CDI spec is its assignment, no slice lands
+on an unhealthy GPU, no two schedulers run at once; every tenth step, that
 every pod runs, succeeded or waits with the scheduler's reason; at the end,
 with every pod deleted, that nothing is left booked or behind. Exits 1 on a
 violation, printing the seed and step; the same seed replays the events.`,
@@ -50,6 +52,7 @@ violation, printing the seed and step; the same seed replays the events.`,
 	fs.IntVar(&opts.GPUsPerNode, "gpus-per-node", 4, "GPUs per node (1–8)")
 	fs.IntVar(&opts.MPSNodes, "mps-nodes", 1, "nodes running their GPUs in MPS mode")
 	fs.StringVar(&opts.Model, "gpu-model", "h100", "GPU model of every node: "+strings.Join(playground.Models, ", "))
+	fs.IntVar(&opts.SchedulerReplicas, "scheduler-replicas", 2, "tessera-scheduler replicas electing a leader (1: one scheduler, restarted as a fault)")
 	cmd.RunE = func(*cobra.Command, []string) error {
 		*code = func() int {
 			exe, err := os.Executable()
@@ -59,6 +62,7 @@ violation, printing the seed and step; the same seed replays the events.`,
 			}
 			opts.MPSControl = []string{exe, "mps-control"}
 			opts.QuietPeriod = 3 * time.Second
+			opts.FastSliceAdjuster = true
 			if err := opts.Validate(); err != nil {
 				fmt.Fprintf(stderr, "tessera soak: %v\n", err)
 				return exitUsage
@@ -75,7 +79,8 @@ violation, printing the seed and step; the same seed replays the events.`,
 			defer klog.Flush()
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			fmt.Fprintf(stdout, "Starting %d %s nodes × %d GPUs (%d in MPS mode); components' log: %s\n", opts.Nodes, opts.Model, opts.GPUsPerNode, opts.MPSNodes, logPath)
+			fmt.Fprintf(stdout, "Starting %d %s nodes × %d GPUs (%d in MPS mode), %d tessera-scheduler replica(s); components' log: %s\n",
+				opts.Nodes, opts.Model, opts.GPUsPerNode, opts.MPSNodes, max(opts.SchedulerReplicas, 1), logPath)
 			c, err := playground.Up(ctx, opts)
 			if err != nil {
 				fmt.Fprintf(stderr, "tessera soak: %v (log: %s)\n", err, logPath)

@@ -12,6 +12,7 @@ package soak
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -37,6 +38,10 @@ import (
 
 // Namespace holds the soak's pods.
 const Namespace = "soak"
+
+// OneScheduler is the invariant that at most one tessera-scheduler runs at
+// any time (the leader election's promise, with replicas).
+const OneScheduler = "one scheduler"
 
 // NothingBooked is the end's invariant that the scheduler books no slice
 // once every pod is gone.
@@ -166,6 +171,7 @@ func Run(ctx context.Context, c *playground.Cluster, opts Options, log io.Writer
 	running := map[string]bool{}
 	victims := map[string]bool{}
 	pendingRoomSince := map[string]time.Time{}
+	sliceCounts := map[string]int{}
 	var live []string
 	next := 0
 	violate := func(step int, vs []Violation) {
@@ -211,6 +217,9 @@ func Run(ctx context.Context, c *playground.Cluster, opts Options, log io.Writer
 			} else {
 				created[name] = time.Now()
 				live = append(live, name)
+				if pod.Annotations[playground.AnnotationLeftover] != "" {
+					sum.Observed["pod whose GPU process will not die"]++
+				}
 			}
 		case len(live) > 0:
 			kind = "delete"
@@ -232,6 +241,20 @@ func Run(ctx context.Context, c *playground.Cluster, opts Options, log io.Writer
 		}
 		sum.Checks++
 		violate(step, chk.Safety(s))
+		for _, n := range s.Nodes {
+			if n.Inventory == nil {
+				continue
+			}
+			for _, d := range n.Inventory.GPUs {
+				if prev, ok := sliceCounts[d.UUID]; ok && prev != d.Slices {
+					sum.Observed["GPU slice count changed (adjuster, agent restart)"]++
+				}
+				sliceCounts[d.UUID] = d.Slices
+			}
+		}
+		if n := c.ActiveSchedulers(); n > 1 {
+			violate(step, []Violation{{OneScheduler, fmt.Sprintf("%d tessera-schedulers run at once", n)}})
+		}
 		for _, p := range s.Pods {
 			if p.Phase == "Running" && !running[p.Name] {
 				running[p.Name] = true
@@ -364,6 +387,12 @@ func randomPod(rng *rand.Rand, name string) *v1.Pod {
 	if rng.IntN(10) < 3 {
 		pod.Annotations[playground.AnnotationRunFor] = strconv.Itoa(2+rng.IntN(10)) + "s"
 	}
+	if rng.IntN(50) == 0 {
+		// A GPU process that will not die: it outlives its container and
+		// ignores kill (stuck in the driver). Preempted, its GPU goes out
+		// of service and its slices come back only at the reclaim timeout.
+		pod.Annotations[playground.AnnotationLeftover] = string(playground.LeftoverUnkillable)
+	}
 	return pod
 }
 
@@ -372,14 +401,18 @@ func fault(ctx context.Context, c *playground.Cluster, rng *rand.Rand, sum *Summ
 	n := c.Nodes[rng.IntN(len(c.Nodes))]
 	var kind string
 	var err error
-	kinds := 6
+	kinds := []int{0, 1, 2, 3, 4, 5, 6}
 	if noReadd {
-		kinds = 5
+		kinds = []int{0, 1, 2, 3, 4, 6}
 	}
-	switch rng.IntN(kinds) {
+	switch kinds[rng.IntN(len(kinds))] {
 	case 0:
 		kind = "restart tessera-scheduler"
-		err = c.RestartScheduler(ctx)
+		var killed string
+		killed, err = c.RestartScheduler(ctx)
+		if killed != "" || errors.Is(err, playground.ErrNoLeader) {
+			kind = "kill the tessera-scheduler leader (a new replica starts)"
+		}
 	case 1:
 		kind = "restart an agent"
 		err = n.RestartAgent()
@@ -389,6 +422,9 @@ func fault(ctx context.Context, c *playground.Cluster, rng *rand.Rand, sum *Summ
 	case 5:
 		kind = "node removed and re-added"
 		err = n.Reregister(ctx)
+	case 6:
+		kind = "restart a node's kubelet"
+		err = n.RestartKubelet()
 	case 4:
 		var mps []*playground.Node
 		for _, m := range c.Nodes {
@@ -438,9 +474,9 @@ func drain(ctx context.Context, c *playground.Cluster, client kubernetes.Interfa
 			}
 			cur = append(cur, Violation{"drained", fmt.Sprintf("%d pod(s) left: %v", len(s.Pods), left)})
 		}
-		if n := schedulerGauge(c.SchedulerMetricsURL, "tessera_scheduler_gpu_allocated_slices{"); n != 0 {
-			cur = append(cur, Violation{NothingBooked, fmt.Sprintf("the scheduler books %v slice(s); %v preemption victim pod(s) await their agent's reclaim confirmation",
-				n, schedulerGauge(c.SchedulerMetricsURL, "tessera_scheduler_preemption_awaiting_reclaim"))})
+		if n, where := schedulerSeries(c.SchedulerMetricsURL, "tessera_scheduler_gpu_allocated_slices{"); n != 0 {
+			cur = append(cur, Violation{NothingBooked, fmt.Sprintf("the scheduler books %v slice(s) (%s); %v preemption victim pod(s) await their agent's reclaim confirmation",
+				n, strings.Join(where, ", "), schedulerGauge(c.SchedulerMetricsURL, "tessera_scheduler_preemption_awaiting_reclaim"))})
 		}
 		for _, n := range c.Nodes {
 			if specs := leftoverSpecs(n.CDIDir); len(specs) > 0 {
@@ -470,24 +506,35 @@ var schedulerClient = &http.Client{Timeout: 5 * time.Second,
 // schedulerGauge sums the scheduler's series whose line starts with prefix
 // (-1 when the endpoint cannot be read).
 func schedulerGauge(url, prefix string) float64 {
+	total, _ := schedulerSeries(url, prefix)
+	return total
+}
+
+// schedulerSeries sums the scheduler's series whose line starts with prefix
+// and returns the lines of those not zero, so a violation says where.
+func schedulerSeries(url, prefix string) (float64, []string) {
 	resp, err := schedulerClient.Get(url)
 	if err != nil {
-		return -1
+		return -1, nil
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return -1
+		return -1, nil
 	}
 	var total float64
+	var nonzero []string
 	for _, line := range strings.Split(string(b), "\n") {
 		if strings.HasPrefix(line, prefix) {
 			if v, err := strconv.ParseFloat(line[strings.LastIndex(line, " ")+1:], 64); err == nil {
 				total += v
+				if v != 0 {
+					nonzero = append(nonzero, line)
+				}
 			}
 		}
 	}
-	return total
+	return total, nonzero
 }
 
 // Render prints the summary.

@@ -25,7 +25,8 @@ func TestShortSoak(t *testing.T) {
 		}
 		seed = v
 	}
-	c, _ := up(t, playground.Options{Nodes: 3, GPUsPerNode: 4, Model: "h100", MPSNodes: 1, QuietPeriod: 3 * time.Second})
+	c, _ := up(t, playground.Options{Nodes: 3, GPUsPerNode: 4, Model: "h100", MPSNodes: 1, QuietPeriod: 3 * time.Second, SchedulerReplicas: 2,
+		FastSliceAdjuster: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	var log strings.Builder
