@@ -369,10 +369,10 @@ func (a *Allocator) Choose(nodes []*Node, r *Request, p *Placement) int {
 
 // Explain says why r fits none of nodes, for the pod's status.
 func (a *Allocator) Explain(nodes []*Node, r *Request) string {
-	reasons := make([]Reason, len(nodes))
+	reasons := make([]NodeReason, len(nodes))
 	var p Placement
 	for i, n := range nodes {
-		reasons[i] = a.Place(n, r, &p)
+		reasons[i] = NodeReason{n.Name, a.Place(n, r, &p)}
 	}
 	return Summarize(reasons)
 }

@@ -298,7 +298,7 @@ func TestChooseAndExplain(t *testing.T) {
 	if got := a.Choose(nodes, whole2, &p); got != -1 {
 		t.Fatalf("Choose() = %d, want -1", got)
 	}
-	want := "0/2 nodes fit: 2× wants 2 whole GPUs, 0 are free"
+	want := "0/2 nodes fit; nodes short of: 2 whole GPUs (at most 1 free on a node)"
 	if got := a.Explain(nodes, whole2); got != want {
 		t.Errorf("Explain() = %q, want %q", got, want)
 	}

@@ -484,7 +484,8 @@ func checkPending(f ClusterFacts, o ClusterOptions) []Finding {
 
 // pendingReason is the part of the scheduler's message that is the same
 // for every pod short of the same thing: "0/4 nodes are available: 4 no
-// GPU with …" → "no GPU with …", numbers kept.
+// GPU with the memory and cores asked free. GPUs: largest …" → "no GPU
+// with the memory and cores asked free".
 func pendingReason(msg string) string {
 	if _, rest, ok := strings.Cut(msg, "are available: "); ok {
 		msg = rest

@@ -129,12 +129,12 @@ scheduler_scheduling_attempt_duration_seconds_count{result="scheduled"} 100
 				for _, n := range []string{"a", "b"} {
 					p := gpuPodOn(t, "wait-"+n, "", 0)
 					p.Status.Conditions = []v1.PodCondition{{Type: v1.PodScheduled, Status: v1.ConditionFalse, Reason: "Unschedulable",
-						Message: "0/2 nodes are available: 2 no GPU with 12288 MiB and 10% cores free; largest fragment 8192 MiB and 90% cores on GPU 3. preemption: 0/2 nodes are available"}}
+						Message: "0/2 nodes are available: 2 no GPU with the memory and cores asked free. GPUs: largest free GPU fragment 8192 MiB and 90% cores (node n1 GPU 3); nodes short of: 2 a GPU fragment. preemption cannot make room: no GPU pod of lower priority to evict"}}
 					out = append(out, p)
 				}
 				return append(healthy(t), out...)
 			},
-			id: "pending.gpu-pods", sev: Warning, want: []string{"no GPU with 12288 MiB and 10% cores free", "2 GPU pod(s) waiting, the oldest for 10m0s", "ml/wait-a ml/wait-b"}},
+			id: "pending.gpu-pods", sev: Warning, want: []string{"no GPU with the memory and cores asked free", "2 GPU pod(s) waiting, the oldest for 10m0s", "ml/wait-a ml/wait-b"}},
 		{name: "pod stuck in ContainerCreating: refused by the agent",
 			objs: func(t *testing.T) []runtime.Object {
 				p := gpuPodOn(t, "rogue", "n1", 4096)

@@ -8,14 +8,19 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/component-base/metrics"
 
+	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
 )
 
 // rejections tallies, within one scheduling cycle, why nodes refused the
-// pod; Filter runs on many nodes at once.
+// pod; Filter runs on many nodes at once. counts are by reason code (the
+// allocator's, NoInventory, InsufficientSlots); tally folds the allocator's
+// reasons with their numbers, for the one cluster-wide line PostFilter adds
+// to the pod's status.
 type rejections struct {
 	mu     sync.Mutex
 	counts map[string]int
+	tally  allocator.Tally
 }
 
 func (r *rejections) add(reason string) {
@@ -28,6 +33,32 @@ func (r *rejections) add(reason string) {
 		r.counts = map[string]int{}
 	}
 	r.counts[reason]++
+}
+
+// addReason counts a node the allocator found no room on.
+func (r *rejections) addReason(node string, reason allocator.Reason) {
+	if r == nil {
+		return
+	}
+	r.add(reason.Code.String())
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.tally.Add(node, reason)
+}
+
+// summary is the cluster-wide line of the allocator's reasons ("" when the
+// allocator refused no node).
+func (r *rejections) summary() string {
+	if r == nil {
+		return ""
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	d := r.tally.Detail()
+	if d == "" {
+		return ""
+	}
+	return "GPUs: " + d
 }
 
 // dominant is the reason most nodes gave (ties: the first by name), or

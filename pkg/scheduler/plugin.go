@@ -24,7 +24,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -287,7 +286,7 @@ func (p *Plugin) compile(pod *v1.Pod) (*allocator.Request, error) {
 }
 
 // Filter says whether the pod's GPUs fit the node.
-func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
+func (p *Plugin) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
 	defer observe("Filter", time.Now())
 	s := readState(state)
 	if s == nil {
@@ -314,8 +313,12 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod, node
 	}
 	if !reason.OK() {
 		unschedulable.WithLabelValues(reason.Code.String()).Inc()
-		s.rejected.add(reason.Code.String())
-		return fwk.NewStatus(fwk.Unschedulable, reason.String())
+		s.rejected.addReason(nodeInfo.Node().Name, reason)
+		// The message is the code's, the same on every node (the
+		// framework counts identical ones); this node's numbers go to the
+		// log, and the cluster's to PostFilter's line.
+		klog.FromContext(ctx).V(4).Info("GPU pod does not fit the node", "pod", klog.KObj(pod), "node", nodeInfo.Node().Name, "reason", reason.String())
+		return fwk.NewStatus(fwk.Unschedulable, reason.Code.Message())
 	}
 	return nil
 }
@@ -344,22 +347,13 @@ func slotsFit(want int64, nodeInfo fwk.NodeInfo) *fwk.Status {
 // noInventoryReason says why a node takes no GPU pod: its inventory is
 // missing, or there but unreadable (and why).
 func (p *Plugin) noInventoryReason(node string) string {
-	if why, ok := p.unreadable.Load(node); ok {
-		return fmt.Sprintf("node's GPU inventory (annotation %s) is unreadable: %s; its tessera-agent republishes it when it runs there",
-			gpu.AnnotationInventory, truncate(why.(string), 200))
+	if _, ok := p.unreadable.Load(node); ok {
+		// Why is in the node's InvalidGPUInventory event: per node, it
+		// would make the framework's count one clause per node.
+		return fmt.Sprintf("node's GPU inventory (annotation %s) is unreadable (see the node's InvalidGPUInventory event); its tessera-agent republishes it when it runs there",
+			gpu.AnnotationInventory)
 	}
 	return fmt.Sprintf("node has no Tessera GPU inventory (annotation %s); is tessera-agent running there?", gpu.AnnotationInventory)
-}
-
-// truncate shortens s to at most n bytes (on a rune boundary), marking the cut.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
 }
 
 // PreScore skips scoring for pods without GPUs.

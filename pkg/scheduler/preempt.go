@@ -130,6 +130,10 @@ func better(a, b nodeChoice) bool {
 // a checkpoint notice (soft preemption; pkg/preemption carries on) and the
 // pod is nominated to the node, which keeps the freed slices for it. When no
 // set of victims makes the pod fit, no one is evicted.
+//
+// Its message, which the framework appends to the pod's "0/N nodes are
+// available: …", starts with the cycle's one cluster-wide line: the largest
+// free GPU fragment anywhere and how many nodes were short of what.
 func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, statuses fwk.NodeToStatusReader) (*fwk.PostFilterResult, *fwk.Status) {
 	defer observe("PostFilter", time.Now())
 	s := readState(state)
@@ -137,6 +141,19 @@ func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.P
 		return nil, fwk.NewStatus(fwk.Unschedulable)
 	}
 	pending.reasons.set(pod, s.rejected.dominant())
+	res, st := p.preempt(ctx, s, pod, statuses)
+	if line := s.rejected.summary(); line != "" && st != nil && st.Code() == fwk.Unschedulable {
+		msg := line
+		if m := st.Message(); m != "" {
+			msg += ". " + m
+		}
+		st = fwk.NewStatus(fwk.Unschedulable, msg)
+	}
+	return res, st
+}
+
+// preempt chooses victims and notifies them (PostFilter's work).
+func (p *Plugin) preempt(ctx context.Context, s *stateData, pod *v1.Pod, statuses fwk.NodeToStatusReader) (*fwk.PostFilterResult, *fwk.Status) {
 	logger := klog.FromContext(ctx).WithValues("preemptor", klog.KObj(pod))
 	if pod.Spec.PreemptionPolicy != nil && *pod.Spec.PreemptionPolicy == v1.PreemptNever {
 		return nil, fwk.NewStatus(fwk.Unschedulable, "not preempting: the pod's preemptionPolicy is Never")
