@@ -31,9 +31,6 @@ func TestShortSoak(t *testing.T) {
 	defer cancel()
 	var log strings.Builder
 	sum, err := soak.Run(ctx, c, soak.Options{Seed: seed, Events: 1000, FaultEvery: 30, Step: 20 * time.Millisecond, Bound: 45 * time.Second,
-		// Not yet: until a 10,000-event run shows node re-adds clean
-		// (issue 19).
-		NoNodeReadd: true,
 		// Open (issue 19): under make test's load the scheduler's series
 		// were seen showing slices booked with every pod gone; reported in
 		// the log, not yet a failure.
