@@ -33,6 +33,12 @@ type victim struct {
 	namespace, name string
 	gpus            []string
 	reclaiming      bool
+	// stuck: a leftover survived the kill. The victim stays, and each pass
+	// tries again: while the process lives its GPU stays out of service
+	// (the fault renewed, not left to expire after the quiet period with
+	// the process still holding the GPU); when it is gone at last, the
+	// victim is reclaimed as any other.
+	stuck bool
 }
 
 // NoticeDir is the host directory mounted into a pod's GPU containers at
@@ -277,10 +283,12 @@ const maxWorkloadAnswer = 4 << 10
 // reclaimVictim makes sure no process of a victim that left holds its GPUs,
 // then lists it as reclaimed in the inventory, which lets the scheduler give
 // its slices to the preemptor. A process that will not die takes its GPU
-// out of service instead.
+// out of service instead, for as long as it lives: the victim is tried
+// again at every pass, and reported (event, counter) once.
 func (a *Agent) reclaimVictim(ctx context.Context, uid types.UID) {
 	a.preemptMu.Lock()
 	v := a.victims[uid]
+	wasStuck := v.stuck
 	a.preemptMu.Unlock()
 	logger := klog.FromContext(ctx).WithValues("pod", klog.KRef(v.namespace, v.name), "uid", uid)
 	start := time.Now()
@@ -303,9 +311,13 @@ func (a *Agent) reclaimVictim(ctx context.Context, uid types.UID) {
 			for uuid, pids := range res.Stuck {
 				reason := fmt.Sprintf("preempted pod %s/%s left processes %v that could not be killed", v.namespace, v.name, pids)
 				a.health.Fault(uuid, now, reason)
-				a.event(ctx, now, v1.EventTypeWarning, "ReclaimFailed", "Quarantine", fmt.Sprintf("GPU %s out of service: %s", uuid, reason))
+				if !wasStuck {
+					a.event(ctx, now, v1.EventTypeWarning, "ReclaimFailed", "Quarantine", fmt.Sprintf("GPU %s out of service: %s", uuid, reason))
+				}
 			}
-			logger.Error(err, "GPUs of a preempted pod taken out of service")
+			if !wasStuck {
+				logger.Error(err, "GPUs of a preempted pod taken out of service until its leftover processes are gone")
+			}
 		case err != nil:
 			// NVML could not be read: try again at the next pass.
 			logger.Error(err, "Reclaim check failed; retrying")
@@ -315,19 +327,35 @@ func (a *Agent) reclaimVictim(ctx context.Context, uid types.UID) {
 			return
 		}
 	}
-	reclaims.WithLabelValues(a.opts.Node, result).Inc()
-	reclaimDuration.WithLabelValues(a.opts.Node).Observe(time.Since(start).Seconds())
+	if result == "stuck" {
+		a.preemptMu.Lock()
+		v.stuck, v.reclaiming = true, false
+		a.preemptMu.Unlock()
+		if wasStuck {
+			return
+		}
+		reclaims.WithLabelValues(a.opts.Node, result).Inc()
+		reclaimDuration.WithLabelValues(a.opts.Node).Observe(time.Since(start).Seconds())
+		if err := a.Refresh(ctx, time.Now()); err != nil {
+			logger.Error(err, "Publishing the GPU's fault failed; retrying at the next pass")
+		}
+		return
+	}
+	if !wasStuck {
+		reclaims.WithLabelValues(a.opts.Node, result).Inc()
+		reclaimDuration.WithLabelValues(a.opts.Node).Observe(time.Since(start).Seconds())
+	}
 	a.preemptMu.Lock()
 	delete(a.victims, uid)
-	if result != "stuck" {
-		a.reclaimed = append(a.reclaimed, string(uid))
-		if len(a.reclaimed) > gpu.MaxReclaimed {
-			a.reclaimed = a.reclaimed[len(a.reclaimed)-gpu.MaxReclaimed:]
-		}
+	a.reclaimed = append(a.reclaimed, string(uid))
+	if len(a.reclaimed) > gpu.MaxReclaimed {
+		a.reclaimed = a.reclaimed[len(a.reclaimed)-gpu.MaxReclaimed:]
 	}
 	a.preemptMu.Unlock()
 	_ = os.RemoveAll(a.NoticeDir(string(uid)))
-	if result != "stuck" {
+	if wasStuck {
+		logger.Info("A preempted pod's stuck leftover processes are gone; its GPUs are reclaimed and return to service after the quiet period", "gpus", v.gpus)
+	} else {
 		logger.Info("Preempted pod's GPUs reclaimed", "gpus", v.gpus, "result", result, "took", time.Since(start))
 	}
 	if err := a.Refresh(ctx, time.Now()); err != nil {

@@ -255,6 +255,19 @@ func (l *load) endLocked(pid uint32) {
 	_ = os.RemoveAll(filepath.Join(l.procRoot, strconv.FormatUint(uint64(pid), 10)))
 }
 
+// releaseStuck ends the processes that ignored kill, as a GPU reset or a
+// reboot finally does.
+func (l *load) releaseStuck() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := len(l.unkillable)
+	for pid := range l.unkillable {
+		delete(l.unkillable, pid)
+		l.endLocked(pid)
+	}
+	return n
+}
+
 // kill is the node's kill(pid, SIGKILL) for the agent's reclaim.
 func (l *load) kill(pid uint32) error {
 	l.mu.Lock()

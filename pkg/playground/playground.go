@@ -513,6 +513,12 @@ func (c *Cluster) Down() {
 	})
 }
 
+// ReleaseStuck ends the node's GPU processes that ignored kill (as a GPU
+// reset does) and says how many there were.
+func (n *Node) ReleaseStuck() int {
+	return n.load.releaseStuck()
+}
+
 // GPUProcesses counts the simulated GPU processes alive on the node, and of
 // them those that ignore kill (stuck in the driver).
 func (n *Node) GPUProcesses() (alive, unkillable int) {

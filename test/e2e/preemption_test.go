@@ -241,7 +241,7 @@ func TestPreemptionHardPathRecordsTheScene(t *testing.T) {
 // process cannot be killed takes its GPU out of service, and the preemptor
 // is not placed on it.
 func TestPreemptionReclaimsLeftovers(t *testing.T) {
-	c, _ := up(t, playground.Options{Nodes: 2, GPUsPerNode: 1, Model: "h200"})
+	c, _ := up(t, playground.Options{Nodes: 2, GPUsPerNode: 1, Model: "h200", QuietPeriod: 2 * time.Second})
 	const ns = "reclaim"
 	ann := map[string]string{playground.AnnotationOnPreemption: "exit", playground.AnnotationLeftover: "process"}
 	v := create(t, c.Client, wholeGPU(ns, "leaky", "gpu-batch", ann))
@@ -301,10 +301,22 @@ func TestPreemptionReclaimsLeftovers(t *testing.T) {
 	if err != nil {
 		t.Fatal("the GPU with an unkillable leftover stayed in service")
 	}
-	stillPending(t, c.Client, ns, "urgent-2", 3*time.Second)
+	// It stays out of service while the process lives, well past the
+	// quiet period (2 s here): the agent tries again at every pass and
+	// renews the fault, reporting it once.
+	stillPending(t, c.Client, ns, "urgent-2", 6*time.Second)
+	if inv, _ := inventory.FromNode(mustNode(t, c.Client, stuckNode.Name)); inv == nil || inv.GPUs[0].Healthy {
+		t.Fatal("the GPU came back into service while the process that would not die still held it")
+	}
 	if d := value(scrape(t, stuckNode.MetricsURL), stuckSeries) - stuckBefore; d != 1 {
 		t.Errorf("agent counted %v stuck reclaims, want 1", d)
 	}
+	// A GPU reset ends the process: the victim is reclaimed, the GPU
+	// returns after the quiet period, and the preemptor runs there.
+	if n := stuckNode.ReleaseStuck(); n == 0 {
+		t.Fatal("no process that would not die to reset")
+	}
+	runningAfter(t, c.Client, ns, "urgent-2", time.Now(), 30*time.Second)
 }
 
 func cordon(t *testing.T, client kubernetes.Interface, node string, on bool) {
