@@ -397,7 +397,7 @@ func fault(ctx context.Context, c *playground.Cluster, rng *rand.Rand, sum *Summ
 	n := c.Nodes[rng.IntN(len(c.Nodes))]
 	var kind string
 	var err error
-	switch rng.IntN(7) {
+	switch rng.IntN(8) {
 	case 0:
 		kind = "restart tessera-scheduler"
 		var killed string
@@ -417,6 +417,11 @@ func fault(ctx context.Context, c *playground.Cluster, rng *rand.Rand, sum *Summ
 	case 6:
 		kind = "restart a node's kubelet"
 		err = n.RestartKubelet()
+	case 7:
+		// An operator's GPU reset ends the processes that would not die;
+		// until then their GPUs stay out of service.
+		kind = "reset the GPU processes that would not die"
+		n.ReleaseStuck()
 	case 4:
 		var mps []*playground.Node
 		for _, m := range c.Nodes {
@@ -442,9 +447,18 @@ func fault(ctx context.Context, c *playground.Cluster, rng *rand.Rand, sum *Summ
 
 // drain deletes every pod and checks that the cluster returns to empty
 // within bound: no pod, nothing booked by the scheduler, no CDI spec, no
-// notice directory, no GPU process but those stuck in the driver.
+// notice directory, no MPS daemon but one per MPS-mode GPU, no GPU process
+// (those that would not die are reset first).
 func drain(ctx context.Context, c *playground.Cluster, client kubernetes.Interface, obs *observer, chk *Checker, bound time.Duration, log io.Writer) []Violation {
 	_ = client.CoreV1().Pods(Namespace).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}, metav1.ListOptions{})
+	// The GPU processes that would not die end, as an operator's GPU reset
+	// ends them: the agents must then reclaim their victims and bring their
+	// GPUs back, and nothing may be left.
+	for _, n := range c.Nodes {
+		if k := n.ReleaseStuck(); k > 0 {
+			fmt.Fprintf(log, "drain: node %s: %d GPU process(es) that would not die reset\n", n.Name, k)
+		}
+	}
 	var last []Violation
 	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, bound, true, func(pctx context.Context) (bool, error) {
 		s, err := obs.observe(pctx)
@@ -477,8 +491,11 @@ func drain(ctx context.Context, c *playground.Cluster, client kubernetes.Interfa
 			if dirs := n.NoticeDirs(); len(dirs) > 0 {
 				cur = append(cur, Violation{"drained", fmt.Sprintf("node %s keeps notice directories %v", n.Name, dirs)})
 			}
-			if alive, stuck := n.GPUProcesses(); alive > stuck {
-				cur = append(cur, Violation{"drained", fmt.Sprintf("node %s has %d GPU process(es) left (%d stuck in the driver, as injected)", n.Name, alive, stuck)})
+			if bad := daemonsAmiss(n); bad != "" {
+				cur = append(cur, Violation{"drained", fmt.Sprintf("node %s: %s", n.Name, bad)})
+			}
+			if alive, _ := n.GPUProcesses(); alive > 0 {
+				cur = append(cur, Violation{"drained", fmt.Sprintf("node %s has %d GPU process(es) left", n.Name, alive)})
 			}
 		}
 		return len(cur) == 0, nil
@@ -488,6 +505,33 @@ func drain(ctx context.Context, c *playground.Cluster, client kubernetes.Interfa
 		return last
 	}
 	return nil
+}
+
+// daemonsAmiss says what is wrong with a node's MPS control daemons: an
+// MPS-mode node runs one per GPU (the agent restarts one that quit), any
+// other none, and no GPU two (one the agent lost track of).
+func daemonsAmiss(n *playground.Node) string {
+	daemons, err := n.MPSDaemons()
+	if err != nil {
+		return "MPS daemons unreadable: " + err.Error()
+	}
+	var bad []string
+	for i := range n.NVML.Devices {
+		uuid, _ := n.NVML.Devices[i].GetUUID()
+		want := 0
+		if n.MPS {
+			want = 1
+		}
+		if got := daemons[uuid]; got != want {
+			bad = append(bad, fmt.Sprintf("GPU %s runs %d MPS daemon(s), want %d", uuid, got, want))
+		}
+		delete(daemons, uuid)
+	}
+	for uuid, got := range daemons {
+		bad = append(bad, fmt.Sprintf("%d MPS daemon(s) for %s, a GPU the node does not have", got, uuid))
+	}
+	sort.Strings(bad)
+	return strings.Join(bad, "; ")
 }
 
 // schedulerClient reads the playground scheduler's metrics (HTTPS with a
