@@ -29,13 +29,14 @@ priority; some finish by themselves, victims checkpoint, exit or ignore their
 notice; a few leave a GPU process that will not die — and faults at random
 times: the leader of two tessera-scheduler replicas killed, agents and
 kubelets restarted, XIDs and their recovery, MPS daemons told to quit, nodes
-removed and re-added. After every step it checks, from what a user could
-read, that no GPU is over-granted or shared in two modes, no slot is held
-twice, every running container's CDI spec is its assignment, no slice lands
-on an unhealthy GPU, no two schedulers run at once; every tenth step, that
-every pod runs, succeeded or waits with the scheduler's reason; at the end,
-with every pod deleted, that nothing is left booked or behind. Exits 1 on a
-violation, printing the seed and step; the same seed replays the events.`,
+removed and re-added, stuck GPU processes reset. After every step it checks,
+from what a user could read, that no GPU is over-granted or shared in two
+modes, no slot is held twice, every running container's CDI spec is its
+assignment, no slice lands on an unhealthy GPU, no two schedulers run at once;
+every tenth step, that every pod runs, succeeded or waits with the scheduler's
+reason; at the end, with every pod deleted, that nothing is left booked or
+behind. Exits 1 on a violation, printing the seed and step; the same seed
+replays the events.`,
 		Args: cobra.NoArgs,
 	}
 	fs := cmd.Flags()
