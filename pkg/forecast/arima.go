@@ -85,21 +85,28 @@ type Model struct {
 
 // Fit estimates an ARIMA model of the given order on y by exact maximum likelihood.
 func Fit(y []float64, o Order) (*Model, error) {
+	m, _, err := fit(y, o)
+	return m, err
+}
+
+// fit is Fit, and also says how many times it evaluated the likelihood: the
+// cost of a fit, which tests bound.
+func fit(y []float64, o Order) (*Model, int, error) {
 	if err := o.check(); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if len(y) < o.minPoints() {
-		return nil, fmt.Errorf("%w: %d points for %s, need at least %d", ErrTooShort, len(y), o, o.minPoints())
+		return nil, 0, fmt.Errorf("%w: %d points for %s, need at least %d", ErrTooShort, len(y), o, o.minPoints())
 	}
 	for i, v := range y {
 		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return nil, fmt.Errorf("%w (point %d)", ErrNotFinite, i)
+			return nil, 0, fmt.Errorf("%w (point %d)", ErrNotFinite, i)
 		}
 	}
 	w := difference(y, o.D)
 	mean, variance := meanVar(w)
 	if variance <= 1e-300 || variance <= 1e-24*(mean*mean) {
-		return nil, ErrConstant
+		return nil, 0, ErrConstant
 	}
 	// Work on a standardised copy: the optimiser's steps and tolerances then
 	// mean the same whatever the series' units.
@@ -113,7 +120,7 @@ func Fit(y []float64, o Order) (*Model, error) {
 	obj := objective{z: z, o: o, withMean: withMean}
 	x, err := minimize(obj.eval, x0)
 	if err != nil {
-		return nil, err
+		return nil, obj.evals, err
 	}
 	phi, theta, mu := obj.params(x)
 	m := &Model{Order: o, AR: phi, MA: theta, N: len(y)}
@@ -125,9 +132,9 @@ func Fit(y []float64, o Order) (*Model, error) {
 		centred[i] = w[i] - m.Mean
 	}
 	if err := m.condition(y, centred); err != nil {
-		return nil, err
+		return nil, obj.evals, err
 	}
-	return m, nil
+	return m, obj.evals, nil
 }
 
 // condition runs the filter over the centred differenced series w of y with
@@ -178,6 +185,7 @@ type objective struct {
 	withMean bool
 	buf      []float64
 	ar       *arStats // pure AR models only
+	evals    int      // times eval ran
 }
 
 // params maps unconstrained parameters to (φ, θ, μ).
@@ -196,6 +204,7 @@ func (f *objective) params(x []float64) ([]float64, []float64, float64) {
 }
 
 func (f *objective) eval(x []float64) float64 {
+	f.evals++
 	phi, theta, mu := f.params(x)
 	if len(theta) == 0 {
 		if f.ar == nil {

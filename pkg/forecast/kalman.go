@@ -70,12 +70,16 @@ func filter(w []float64, phi, theta []float64, keep bool) kalmanResult {
 				tmp[i*r+j] = P[i*r+j] - k[i]*F*k[j]
 			}
 		}
-		sandwich(T, tmp, next, scratch, r)
+		sandwichCompanion(phi, tmp, next, scratch, r)
 		change := 0.0
 		for i := range r {
 			for j := range r {
 				nv := next[i*r+j] + R[i]*R[j]
-				change = math.Max(change, math.Abs(nv-P[i*r+j]))
+				if d := nv - P[i*r+j]; d > change {
+					change = d
+				} else if -d > change {
+					change = -d
+				}
 				P[i*r+j] = nv
 			}
 		}
@@ -119,6 +123,42 @@ func mulCompanion(a, phi []float64, r int) {
 			v += a[i+1]
 		}
 		a[i] = v
+	}
+}
+
+// sandwichCompanion sets out = T M Tᵀ for the companion matrix T of phi in
+// O(r²): row i of T is φᵢ e₀ᵀ + eᵢ₊₁ᵀ. The filter does this at every step
+// until the covariance settles, and near a non-invertible MA it does not
+// settle, so the dense O(r³) product made one fit of ARIMA(8,0,2) on an
+// almost constant series take seconds (found by FuzzFit).
+func sandwichCompanion(phi, M, out, tm []float64, r int) {
+	// tm = T M: row i is φᵢ·M₀ + Mᵢ₊₁.
+	for i := range r {
+		var f float64
+		if i < len(phi) {
+			f = phi[i]
+		}
+		row := tm[i*r : (i+1)*r]
+		for j := range r {
+			v := f * M[j]
+			if i+1 < r {
+				v += M[(i+1)*r+j]
+			}
+			row[j] = v
+		}
+	}
+	// out = tm Tᵀ: element (i, j) is φⱼ·tm[i][0] + tm[i][j+1].
+	for i := range r {
+		for j := range r {
+			var v float64
+			if j < len(phi) {
+				v = phi[j] * tm[i*r]
+			}
+			if j+1 < r {
+				v += tm[i*r+j+1]
+			}
+			out[i*r+j] = v
+		}
 	}
 }
 
