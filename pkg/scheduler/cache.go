@@ -7,6 +7,7 @@ import (
 	"math"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -55,6 +56,11 @@ type Cache struct {
 	onNodeGone func(name string, gpus []allocator.GPU)
 	// reportCtx ends the reports (see reportUntil).
 	reportCtx context.Context
+
+	// freed counts the changes that may have made room: a booking released,
+	// an inventory installed or replaced. A scheduling cycle notes it when
+	// it starts, so it can tell whether room appeared while it ran.
+	freed atomic.Uint64
 }
 
 type nodeState struct {
@@ -71,6 +77,21 @@ type nodeState struct {
 	memo      map[string]memoEntry
 	// reclaimed is the inventory's list of victims the agent verified gone.
 	reclaimed map[string]bool
+	// liveSlots is the device-plugin slots of the pods booked here that are
+	// still in the API server (victims awaiting reclaim are not): what the
+	// scheduler's own snapshot counts as the node's requested tessera.dev/gpu
+	// for the same pods (see Behind). Guarded by the cache's mu.
+	liveSlots int64
+}
+
+// slots is the device-plugin slots an assignment's pod takes: one per GPU
+// granted to each container.
+func slots(a *gpu.PodAssignment) int64 {
+	var n int64
+	for _, c := range a.Containers {
+		n += int64(len(c.GPUs))
+	}
+	return n
 }
 
 type memoEntry struct {
@@ -175,7 +196,14 @@ func (c *Cache) SetNode(raw string, inv *gpu.NodeInventory) ([]string, error) {
 			}
 		}
 	}
-	c.nodes[inv.Node] = &nodeState{node: n, raw: raw, reclaimed: reclaimed}
+	var live int64
+	for _, rec := range c.pods {
+		if rec.booked && !rec.awaitingReclaim && rec.assignment.Node == inv.Node {
+			live += slots(rec.assignment)
+		}
+	}
+	c.nodes[inv.Node] = &nodeState{node: n, raw: raw, reclaimed: reclaimed, liveSlots: live}
+	c.freed.Add(1)
 	c.maxGPUMemMiB = 0
 	for _, s := range c.nodes {
 		for i := range s.node.GPUs {
@@ -305,6 +333,7 @@ func (c *Cache) Reserve(a *allocator.Allocator, uid types.UID, podName, node str
 	snap := s.node.Clone()
 	s.mu.Unlock()
 	c.pods[uid] = &podRecord{name: podName, assignment: asg, assumed: true, booked: true}
+	s.liveSlots += slots(asg)
 	c.notify(node, snap)
 	return asg, reason, nil
 }
@@ -341,6 +370,7 @@ func (c *Cache) Gone(uid types.UID, victim bool) {
 		case rec.awaitingReclaim:
 		case victim && rec.booked && s != nil && !s.reclaimed[string(uid)]:
 			rec.awaitingReclaim, rec.goneAt = true, now
+			s.liveSlots -= slots(rec.assignment)
 		default:
 			delete(c.pods, uid)
 			c.unbookLocked(rec)
@@ -446,6 +476,7 @@ func (c *Cache) AddBound(uid types.UID, podName string, a *gpu.PodAssignment) er
 		return fmt.Errorf("pod %s: %w", podName, err)
 	}
 	rec.booked = true
+	s.liveSlots += slots(a)
 	c.notify(a.Node, snap)
 	return nil
 }
@@ -459,6 +490,10 @@ func (c *Cache) unbookLocked(rec *podRecord) {
 	if !ok {
 		return
 	}
+	if !rec.awaitingReclaim {
+		s.liveSlots -= slots(rec.assignment)
+	}
+	c.freed.Add(1)
 	s.mu.Lock()
 	s.node.RemoveAssignment(rec.assignment, 0, 0)
 	// A refused assignment that fits now counts, as the node's agent now
@@ -470,6 +505,7 @@ func (c *Cache) unbookLocked(rec *podRecord) {
 		}
 		if other.assignment.Node == rec.assignment.Node && s.node.AddAssignment(other.assignment, 0, 0, c.oversub) == nil {
 			other.booked, other.refused = true, false
+			s.liveSlots += slots(other.assignment)
 			delete(c.refused, uid)
 		}
 	}
@@ -518,6 +554,26 @@ func (c *Cache) Orphans() []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// Freed is the count of changes that may have made room so far.
+func (c *Cache) Freed() uint64 { return c.freed.Load() }
+
+// Behind reports whether the cache may not yet have applied a change the
+// scheduler's own snapshot of the node already shows: it books more slots
+// there for live pods than the snapshot's pods request (a pod the scheduler
+// saw deleted before this cache did), or the snapshot's node carries another
+// inventory annotation than the one installed (raw; "" for none). The
+// scheduler's queue and this cache hear each event on their own goroutines,
+// so a pod the event requeued can be judged on the cache as it was before.
+func (c *Cache) Behind(node string, requestedSlots int64, raw string) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	s, ok := c.nodes[node]
+	if !ok {
+		return raw != ""
+	}
+	return s.liveSlots > requestedSlots || s.raw != raw
 }
 
 // Snapshot returns a copy of a node's usage, or nil.

@@ -21,6 +21,27 @@ type rejections struct {
 	mu     sync.Mutex
 	counts map[string]int
 	tally  allocator.Tally
+	// behind: on some node the cache may not yet have applied a change the
+	// scheduler's snapshot shows (Cache.Behind).
+	behind bool
+}
+
+func (r *rejections) markBehind() {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.behind = true
+}
+
+func (r *rejections) wasBehind() bool {
+	if r == nil {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.behind
 }
 
 func (r *rejections) add(reason string) {

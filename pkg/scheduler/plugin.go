@@ -26,7 +26,6 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -54,6 +53,7 @@ const stateKey fwk.StateKey = Name
 // Plugin is the TesseraGPU plugin of one scheduling profile.
 type Plugin struct {
 	handle     fwk.Handle
+	queue      fwk.PodActivator // the handle's: the scheduling queue
 	cfg        *config.AllocatorConfig
 	preemptCfg config.PreemptionConfig
 	pods       corelisters.PodLister
@@ -89,6 +89,9 @@ type shared struct {
 	unreadable sync.Map
 	// lastOrphans is the orphan list last logged, joined.
 	lastOrphans atomic.Value
+	// waiting are the pods to try again once the cache makes room (see
+	// EventsToRegister).
+	waiting waiters
 }
 
 var (
@@ -112,7 +115,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	}
 	registerMetrics()
 	factory := h.SharedInformerFactory()
-	p := &Plugin{handle: h, cfg: cfg, preemptCfg: all.Preemption,
+	p := &Plugin{handle: h, queue: h, cfg: cfg, preemptCfg: all.Preemption,
 		pods: factory.Core().V1().Pods().Lister(), pdbs: factory.Policy().V1().PodDisruptionBudgets().Lister()}
 	pending.setPods(p.pods)
 
@@ -165,6 +168,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 			logger.Error(nil, "Preemption victims released without their agent's reclaim confirmation", "pods", expired, "timeout", all.Preemption.ReclaimTimeout.Duration)
 		}
 		awaitingReclaim.Set(float64(s.cache.AwaitingReclaim()))
+		s.waiting.wake(s.cache, logger)
 	}, 5*time.Second)
 	go func() {
 		<-ctx.Done()
@@ -195,6 +199,8 @@ type stateData struct {
 	// rejected tallies Filter's reasons, for PostFilter to record why the
 	// pod waits (shared by clones: one cycle's tally).
 	rejected *rejections
+	// freedAt is the cache's Freed count when the cycle began.
+	freedAt uint64
 }
 
 // Clone shares the data, except the nominated pods, which the framework
@@ -251,12 +257,13 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	if err := p.waitForSync(ctx); err != nil {
 		return nil, fwk.AsStatus(err)
 	}
+	freedAt := p.cache.Freed()
 	req, err := p.compile(pod)
 	if err != nil {
 		unschedulable.WithLabelValues("InvalidRequest").Inc()
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
 	}
-	state.Write(stateKey, &stateData{req: req, slots: podgpu.Slots(pod), shape: req.Key(), alloc: p.workload.Current(), rejected: &rejections{}})
+	state.Write(stateKey, &stateData{req: req, slots: podgpu.Slots(pod), shape: req.Key(), alloc: p.workload.Current(), rejected: &rejections{}, freedAt: freedAt})
 	return nil, nil
 }
 
@@ -305,6 +312,9 @@ func (p *Plugin) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, 
 	if err != nil {
 		unschedulable.WithLabelValues("NoInventory").Inc()
 		s.rejected.add("NoInventory")
+		if _, unreadable := p.unreadable.Load(nodeInfo.Node().Name); !unreadable && p.behind(nodeInfo) {
+			s.rejected.markBehind()
+		}
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, p.noInventoryReason(nodeInfo.Node().Name))
 	}
 	if st := slotsFit(s.slots, nodeInfo); st != nil {
@@ -314,6 +324,9 @@ func (p *Plugin) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, 
 	if !reason.OK() {
 		unschedulable.WithLabelValues(reason.Code.String()).Inc()
 		s.rejected.addReason(nodeInfo.Node().Name, reason)
+		if p.behind(nodeInfo) {
+			s.rejected.markBehind()
+		}
 		// The message is the code's, the same on every node (the
 		// framework counts identical ones); this node's numbers go to the
 		// log, and the cluster's to PostFilter's line.
@@ -321,6 +334,13 @@ func (p *Plugin) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, 
 		return fwk.NewStatus(fwk.Unschedulable, reason.Code.Message())
 	}
 	return nil
+}
+
+// behind says whether the cache may not yet have applied a change the
+// scheduler's snapshot of the node shows (see Cache.Behind).
+func (p *Plugin) behind(nodeInfo fwk.NodeInfo) bool {
+	n := nodeInfo.Node()
+	return p.cache.Behind(n.Name, nodeInfo.GetRequested().GetScalarResources()[gpu.ResourceGPU], n.Annotations[gpu.AnnotationInventory])
 }
 
 // reasonInsufficientSlots is the Filter reason when kubelet has too few
@@ -427,16 +447,18 @@ func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 	}
 	s.assignment = asg
 	pending.reasons.placed(pod.UID)
+	p.waiting.forget(pod.UID)
 	klog.FromContext(ctx).V(4).Info("Reserved GPUs", "pod", klog.KObj(pod), "node", nodeName, "assignment", asg)
 	return nil
 }
 
 // Unreserve releases a booking whose pod did not bind.
-func (p *Plugin) Unreserve(_ context.Context, state fwk.CycleState, pod *v1.Pod, _ string) {
+func (p *Plugin) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ string) {
 	defer observe("Unreserve", time.Now())
 	if s := readState(state); s != nil {
 		p.cache.ForgetAssumed(pod.UID)
 		s.assignment = nil
+		p.waiting.wake(p.cache, klog.FromContext(ctx))
 	}
 }
 
@@ -467,69 +489,6 @@ func (p *Plugin) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Pod, no
 	return nil
 }
 
-// EventsToRegister names the events that can make a pod this plugin rejected
-// fit: a GPU pod leaving (its slices free up; a pod that finishes counts, as
-// the scheduler's pod informer drops terminal pods) and a node's inventory
-// changing (a GPU added or healthy again, a node joining).
-//
-// The hints also apply the event to the cache before answering Queue. The
-// scheduler's queue and this plugin's informer handlers are separate
-// registrations on one informer, each delivered on its own goroutine: without
-// this, a waiting pod could be retried before the handler released the
-// deleted pod's slices, fail again, and sit out the five-minute flush with no
-// further event to wake it. Both paths are idempotent, so whichever comes
-// second changes nothing.
-func (p *Plugin) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, error) {
-	return []fwk.ClusterEventWithHint{
-		{Event: fwk.ClusterEvent{Resource: fwk.AssignedPod, ActionType: fwk.Delete}, QueueingHintFn: p.hintGPUPodGone},
-		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add | fwk.UpdateNodeAnnotation | fwk.UpdateNodeAllocatable}, QueueingHintFn: p.hintInventoryChanged},
-	}, nil
-}
-
-// hintGPUPodGone requeues on the deletion of a pod that held GPUs or
-// device-plugin slots (one the agent refused holds slots without an
-// assignment).
-func (p *Plugin) hintGPUPodGone(_ klog.Logger, _ *v1.Pod, oldObj, _ any) (fwk.QueueingHint, error) {
-	pod, ok := oldObj.(*v1.Pod)
-	if !ok {
-		return fwk.Queue, nil
-	}
-	if _, has := pod.Annotations[gpu.AnnotationAssignment]; has {
-		p.onPodDelete(pod)
-		return fwk.Queue, nil
-	}
-	if podgpu.Slots(pod) > 0 {
-		return fwk.Queue, nil
-	}
-	return fwk.QueueSkip, nil
-}
-
-// hintInventoryChanged requeues when a node's inventory or its device-plugin
-// slots (allocatable tessera.dev/gpu) change.
-func (p *Plugin) hintInventoryChanged(logger klog.Logger, _ *v1.Pod, oldObj, newObj any) (fwk.QueueingHint, error) {
-	n, ok := newObj.(*v1.Node)
-	if !ok {
-		return fwk.Queue, nil
-	}
-	now, has := n.Annotations[gpu.AnnotationInventory]
-	if !has {
-		return fwk.QueueSkip, nil
-	}
-	old, ok := oldObj.(*v1.Node)
-	if !ok {
-		p.onNode(logger, n)
-		return fwk.Queue, nil
-	}
-	if old.Annotations[gpu.AnnotationInventory] != now {
-		p.onNode(logger, n)
-		return fwk.Queue, nil
-	}
-	if !old.Status.Allocatable.Name(gpu.ResourceGPU, resource.DecimalSI).Equal(*n.Status.Allocatable.Name(gpu.ResourceGPU, resource.DecimalSI)) {
-		return fwk.Queue, nil
-	}
-	return fwk.QueueSkip, nil
-}
-
 func podKey(pod *v1.Pod) string { return pod.Namespace + "/" + pod.Name }
 
 // onPod keeps the cache in step with a pod: a bound pod's assignment is
@@ -542,7 +501,9 @@ func (p *Plugin) onPod(logger klog.Logger, obj any, added bool) {
 	}
 	if podgpu.Finished(pod) {
 		p.cache.Gone(pod.UID, preemption.IsVictim(pod))
+		p.waiting.forget(pod.UID)
 		p.reportOrphans(logger)
+		p.waiting.wake(p.cache, logger)
 		return
 	}
 	if added {
@@ -553,6 +514,7 @@ func (p *Plugin) onPod(logger klog.Logger, obj any, added bool) {
 	if pod.Spec.NodeName == "" {
 		return
 	}
+	p.waiting.forget(pod.UID)
 	a, err := podgpu.BoundAssignment(pod)
 	switch {
 	case err != nil:
@@ -583,7 +545,9 @@ func (p *Plugin) onPodDelete(obj any) {
 	}
 	if pod, ok := obj.(*v1.Pod); ok {
 		p.cache.Gone(pod.UID, preemption.IsVictim(pod))
+		p.waiting.forget(pod.UID)
 		p.reportOrphans(klog.Background())
+		p.waiting.wake(p.cache, klog.Background())
 		prefix := string(pod.UID) + "/"
 		p.warned.Range(func(k, _ any) bool {
 			if s := k.(string); len(s) > len(prefix) && s[:len(prefix)] == prefix {
@@ -594,8 +558,14 @@ func (p *Plugin) onPodDelete(obj any) {
 	}
 }
 
-// onNode installs, replaces or drops a node's inventory.
+// onNode installs, replaces or drops a node's inventory, then wakes the
+// pods that waited on a cache behind the scheduler's.
 func (p *Plugin) onNode(logger klog.Logger, obj any) {
+	p.applyNode(logger, obj)
+	p.waiting.wake(p.cache, logger)
+}
+
+func (p *Plugin) applyNode(logger klog.Logger, obj any) {
 	node, ok := obj.(*v1.Node)
 	if !ok {
 		return

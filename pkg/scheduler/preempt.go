@@ -141,6 +141,9 @@ func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.P
 		return nil, fwk.NewStatus(fwk.Unschedulable)
 	}
 	pending.reasons.set(pod, s.rejected.dominant())
+	if s.rejected.wasBehind() {
+		p.waiting.add(p.cache, p.queue, pod, s.freedAt, klog.FromContext(ctx))
+	}
 	res, st := p.preempt(ctx, s, pod, statuses)
 	if line := s.rejected.summary(); line != "" && st != nil && st.Code() == fwk.Unschedulable {
 		msg := line

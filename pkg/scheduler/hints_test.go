@@ -1,0 +1,314 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
+
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+)
+
+// fakeQueue records the pods the plugin activates.
+type fakeQueue struct {
+	mu        sync.Mutex
+	activated []string
+}
+
+func (q *fakeQueue) Activate(_ klog.Logger, pods map[string]*v1.Pod) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for k := range pods {
+		q.activated = append(q.activated, k)
+	}
+	sort.Strings(q.activated)
+}
+
+func (q *fakeQueue) take() []string {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := q.activated
+	q.activated = nil
+	return out
+}
+
+// hintPlugin is a plugin on an empty cache, activating into q.
+func hintPlugin(t *testing.T, q *fakeQueue) *Plugin {
+	t.Helper()
+	registerMetrics()
+	cfg := config.Default().Allocator
+	cfg.MemoryOversubscription = 1
+	base, err := allocator.New(&cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Plugin{cfg: &cfg, queue: q, shared: &shared{cache: NewCache(1), workload: newWorkloadTracker(base, cfg.WorkloadCoverage)}}
+	p.synced.Store(true)
+	return p
+}
+
+// gpuPod is a pod asking for whole GPUs; with a node, bound there with an
+// assignment of its GPU index g.
+func gpuPod(t *testing.T, name string, node string, g int) *v1.Pod {
+	t.Helper()
+	never := v1.PreemptNever
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: name, UID: types.UID(name), Annotations: map[string]string{}},
+		Spec: v1.PodSpec{PreemptionPolicy: &never, Containers: []v1.Container{{Name: "m", Resources: v1.ResourceRequirements{
+			Limits:   v1.ResourceList{gpu.ResourceGPU: resource.MustParse("1")},
+			Requests: v1.ResourceList{gpu.ResourceGPU: resource.MustParse("1")}}}}}}
+	if node != "" {
+		enc, err := gpu.EncodeAssignment(grant(node, g, 81920, 1000, gpu.ModeExclusive))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pod.Annotations[gpu.AnnotationAssignment] = enc
+		pod.Spec.NodeName = node
+	}
+	return pod
+}
+
+// inventoryNode is a node object carrying inv as its annotation.
+func inventoryNode(t *testing.T, inv *gpu.NodeInventory) *v1.Node {
+	t.Helper()
+	raw, err := gpu.EncodeInventory(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: inv.Node, UID: types.UID(inv.Node), Annotations: map[string]string{gpu.AnnotationInventory: string(raw)}},
+		Status: v1.NodeStatus{Allocatable: v1.ResourceList{gpu.ResourceGPU: resource.MustParse(fmt.Sprint(8 * len(inv.GPUs)))}}}
+}
+
+// snapshotOf is the scheduler's own view of a node: the node and the pods it
+// counts there.
+func snapshotOf(node *v1.Node, pods ...*v1.Pod) fwk.NodeInfo {
+	n := framework.NewNodeInfo(pods...)
+	n.SetNode(node)
+	return n
+}
+
+// tryOnce runs one scheduling cycle's PreFilter, Filter on each node, and
+// PostFilter when no node fits; it says whether some node fitted.
+func tryOnce(t *testing.T, p *Plugin, pod *v1.Pod, between func(), nodes ...fwk.NodeInfo) bool {
+	t.Helper()
+	ctx := context.Background()
+	state := framework.NewCycleState()
+	if _, st := p.PreFilter(ctx, state, pod, nil); !st.IsSuccess() {
+		t.Fatalf("PreFilter: %v", st)
+	}
+	statuses := framework.NewDefaultNodeToStatus()
+	fits := false
+	for _, n := range nodes {
+		st := p.Filter(ctx, state, pod, n)
+		fits = fits || st.IsSuccess()
+		statuses.Set(n.Node().Name, st)
+	}
+	if between != nil {
+		between()
+	}
+	if !fits {
+		p.PostFilter(ctx, state, pod, statuses)
+	}
+	return fits
+}
+
+// TestHintsOnlyLook: a hint answers from the event alone and leaves the
+// cache as it was; the framework calls it once per waiting pod.
+func TestHintsOnlyLook(t *testing.T) {
+	p := hintPlugin(t, &fakeQueue{})
+	logger := klog.Background()
+	inv := testInventory("n1", 1, 81920, false)
+	node := inventoryNode(t, inv)
+	if _, err := p.cache.SetNode(node.Annotations[gpu.AnnotationInventory], inv); err != nil {
+		t.Fatal(err)
+	}
+	held := gpuPod(t, "held", "n1", 0)
+	p.onPod(logger, held, false)
+	slotsOnly := gpuPod(t, "refused", "n1", 0)
+	delete(slotsOnly.Annotations, gpu.AnnotationAssignment)
+	plain := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "web", UID: "web"}, Spec: v1.PodSpec{NodeName: "n1"}}
+
+	otherInv := testInventory("n1", 2, 81920, false)
+	changed := inventoryNode(t, otherInv)
+	moreSlots := node.DeepCopy()
+	moreSlots.Status.Allocatable[gpu.ResourceGPU] = resource.MustParse("64")
+	bare := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cpu-only"}}
+	newBare := bare.DeepCopy()
+	newBare.Labels = map[string]string{"x": "y"}
+	waiting := gpuPod(t, "waiting", "", 0)
+	for _, c := range []struct {
+		name     string
+		hint     fwk.QueueingHintFn
+		old, new any
+		want     fwk.QueueingHint
+	}{
+		{"GPU pod deleted", p.hintGPUPodGone, held, nil, fwk.Queue},
+		{"pod with slots and no assignment deleted", p.hintGPUPodGone, slotsOnly, nil, fwk.Queue},
+		{"pod without GPUs deleted", p.hintGPUPodGone, plain, nil, fwk.QueueSkip},
+		{"not a pod", p.hintGPUPodGone, "what", nil, fwk.Queue},
+		{"node added with an inventory", p.hintInventoryChanged, nil, node, fwk.Queue},
+		{"inventory changed", p.hintInventoryChanged, node, changed, fwk.Queue},
+		{"slots changed", p.hintInventoryChanged, node, moreSlots, fwk.Queue},
+		{"nothing of ours changed", p.hintInventoryChanged, node, node.DeepCopy(), fwk.QueueSkip},
+		{"node without inventory", p.hintInventoryChanged, bare, newBare, fwk.QueueSkip},
+		{"not a node", p.hintInventoryChanged, nil, "what", fwk.Queue},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before := p.cache.Freed()
+			got, err := c.hint(logger, waiting, c.old, c.new)
+			if err != nil || got != c.want {
+				t.Fatalf("hint = %v, %v; want %v", got, err, c.want)
+			}
+			if p.cache.Freed() != before || p.cache.Assignment("held") == nil || len(p.cache.Snapshot("n1").GPUs) != 1 {
+				t.Fatal("the hint changed the cache")
+			}
+		})
+	}
+}
+
+// TestRequeuedBeforeTheCacheCaughtUp: the scheduler's queue hears a GPU pod's
+// deletion (or a node's new inventory) before the plugin's handler applies
+// it, and tries a waiting pod on the cache as it was. The pod is activated
+// once the handler has applied the change — at once when that happened
+// while the pod was being tried — and a pod judged on a cache that was not
+// behind is left to the queue's hints.
+func TestRequeuedBeforeTheCacheCaughtUp(t *testing.T) {
+	logger := klog.Background()
+	setup := func(t *testing.T) (*Plugin, *fakeQueue, *v1.Node, *v1.Pod) {
+		q := &fakeQueue{}
+		p := hintPlugin(t, q)
+		inv := testInventory("n1", 1, 81920, false)
+		node := inventoryNode(t, inv)
+		p.onNode(logger, node)
+		held := gpuPod(t, "held", "n1", 0)
+		p.onPod(logger, held, false)
+		return p, q, node, held
+	}
+
+	t.Run("deletion applied after the pod was tried", func(t *testing.T) {
+		p, q, node, held := setup(t)
+		// The scheduler already dropped held: its snapshot has no pod there.
+		if tryOnce(t, p, gpuPod(t, "waiting", "", 0), nil, snapshotOf(node)) {
+			t.Fatal("fits before the cache freed the GPU")
+		}
+		if got := q.take(); len(got) != 0 {
+			t.Fatalf("activated %v before the cache caught up", got)
+		}
+		p.onPodDelete(held)
+		if got := q.take(); !slices.Equal(got, []string{"ml/waiting"}) {
+			t.Fatalf("activated %v after the deletion was applied, want ml/waiting", got)
+		}
+		p.onPod(logger, gpuPod(t, "other", "", 0), false) // no room made since
+		if got := q.take(); len(got) != 0 {
+			t.Fatalf("activated %v again without a change", got)
+		}
+	})
+
+	t.Run("deletion applied while the pod was tried", func(t *testing.T) {
+		p, q, node, held := setup(t)
+		if tryOnce(t, p, gpuPod(t, "waiting", "", 0), func() { p.onPodDelete(held) }, snapshotOf(node)) {
+			t.Fatal("fits before the cache freed the GPU")
+		}
+		if got := q.take(); !slices.Equal(got, []string{"ml/waiting"}) {
+			t.Fatalf("activated %v, want ml/waiting at once", got)
+		}
+	})
+
+	t.Run("inventory applied after the pod was tried", func(t *testing.T) {
+		p, q, _, _ := setup(t)
+		late := inventoryNode(t, testInventory("n2", 2, 81920, false))
+		if tryOnce(t, p, gpuPod(t, "waiting", "", 0), nil, snapshotOf(late)) {
+			t.Fatal("fits a node the cache does not know")
+		}
+		p.onNode(logger, late)
+		if got := q.take(); !slices.Equal(got, []string{"ml/waiting"}) {
+			t.Fatalf("activated %v after the inventory was applied, want ml/waiting", got)
+		}
+	})
+
+	t.Run("cache not behind", func(t *testing.T) {
+		p, q, node, held := setup(t)
+		if tryOnce(t, p, gpuPod(t, "waiting", "", 0), nil, snapshotOf(node, held)) {
+			t.Fatal("fits a full node")
+		}
+		p.onPodDelete(held)
+		if got := q.take(); len(got) != 0 {
+			t.Fatalf("activated %v: the hint requeues it, activation would skip its backoff", got)
+		}
+	})
+
+	t.Run("a waiter that was placed or left is not activated", func(t *testing.T) {
+		p, q, node, held := setup(t)
+		gone := gpuPod(t, "gone", "", 0)
+		if tryOnce(t, p, gone, nil, snapshotOf(node)) {
+			t.Fatal("fits")
+		}
+		p.onPodDelete(gone)
+		p.onPodDelete(held)
+		if got := q.take(); len(got) != 0 {
+			t.Fatalf("activated %v, a pod that was deleted", got)
+		}
+	})
+}
+
+// TestLiveSlotsFollowBookings: the slots the cache counts per node for live
+// pods (what Behind compares with the scheduler's snapshot) stay equal to
+// those of its bookings through every kind of change.
+func TestLiveSlotsFollowBookings(t *testing.T) {
+	c := NewCache(1)
+	a := newAllocator(t)
+	check := func(step string) {
+		t.Helper()
+		c.mu.RLock()
+		defer c.mu.RUnlock()
+		want := map[string]int64{}
+		for _, rec := range c.pods {
+			if rec.booked && !rec.awaitingReclaim {
+				want[rec.assignment.Node] += slots(rec.assignment)
+			}
+		}
+		for name, s := range c.nodes {
+			if s.liveSlots != want[name] {
+				t.Fatalf("%s: node %s counts %d live slots, its bookings %d", step, name, s.liveSlots, want[name])
+			}
+		}
+	}
+	if _, err := c.SetNode("v1", testInventory("n1", 4, 81920, false)); err != nil {
+		t.Fatal(err)
+	}
+	two := compile(t, &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "m", GPUs: 2}}})
+	if _, r, err := c.Reserve(a, "r1", "ml/r1", "n1", two); err != nil || !r.OK() {
+		t.Fatalf("reserve: %v %v", r, err)
+	}
+	check("reserve")
+	if err := c.AddBound("b1", "ml/b1", grant("n1", 3, 81920, 1000, gpu.ModeExclusive)); err != nil {
+		t.Fatal(err)
+	}
+	check("bound")
+	c.Gone("b1", true) // a victim: booked until reclaimed
+	check("victim gone")
+	if _, err := c.SetNode("v2", testInventory("n1", 4, 81920, false)); err != nil {
+		t.Fatal(err)
+	}
+	check("inventory replaced")
+	if expired := c.ExpireReclaims(c.pods["b1"].goneAt.Add(goneTTL), 0); len(expired) != 1 {
+		t.Fatalf("expired %v", expired)
+	}
+	check("reclaim expired")
+	c.ForgetAssumed("r1")
+	check("unreserve")
+	if s := c.nodes["n1"]; s.liveSlots != 0 {
+		t.Fatalf("%d live slots on an empty node", s.liveSlots)
+	}
+}
