@@ -36,12 +36,12 @@ func DecodeArgs(obj runtime.Object) (*config.AllocatorConfig, error) {
 // pluginArgs is the shape of the plugin's arguments: the allocator's fields
 // at the top, as they always were, and the preemption section beside them.
 type pluginArgs struct {
-	config.AllocatorConfig
-	Preemption config.PreemptionConfig `json:"preemption"`
+	config.AllocatorInput
+	Preemption *config.PreemptionInput `json:"preemption"`
 }
 
 func decodeArgs(obj runtime.Object) (*config.Configuration, error) {
-	c := &config.Configuration{}
+	var args pluginArgs
 	if obj != nil {
 		u, ok := obj.(*runtime.Unknown)
 		if !ok {
@@ -56,16 +56,15 @@ func decodeArgs(obj runtime.Object) (*config.Configuration, error) {
 			raw = js
 		}
 		if len(bytes.TrimSpace(raw)) > 0 && string(bytes.TrimSpace(raw)) != "null" {
-			var args pluginArgs
 			dec := json.NewDecoder(bytes.NewReader(raw))
 			dec.DisallowUnknownFields()
 			if err := dec.Decode(&args); err != nil {
 				return nil, fmt.Errorf("%s: %w", argsField, err)
 			}
-			c.Allocator, c.Preemption = args.AllocatorConfig, args.Preemption
 		}
 	}
-	config.SetDefaults(c)
+	// A field left out takes its default; one written as 0 is validated as 0.
+	c := config.Sections(&args.AllocatorInput, args.Preemption)
 	if err := config.Validate(c); err != nil {
 		return nil, renameFields(err)
 	}

@@ -352,10 +352,9 @@ func (c *Cache) Forget(uid types.UID) {
 }
 
 // Gone releases a pod deleted from the API server (or finished) and keeps it
-// from being booked again by an older event delivered late: the scheduling
-// queue's hints and the cache's informer handler see the same events on
-// different goroutines, so the one that comes second may carry news older
-// than what the cache already applied.
+// from being booked again by an older event delivered late (an informer's
+// relist can hand over a pod's last known state after its deletion was seen).
+// It is idempotent.
 //
 // A preemption victim (victim true) is not released yet: its slices stay
 // booked until its node's inventory lists it as reclaimed — the agent found

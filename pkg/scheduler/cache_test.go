@@ -302,6 +302,21 @@ func TestDecodeArgs(t *testing.T) {
 			t.Errorf("err = %v, want it to name %s", err, want)
 		}
 	}
+	// A value written as 0 is refused by its name, not replaced by the
+	// default (recordRetention: 0 used to become 100).
+	for raw, want := range map[string]string{
+		`{"preemption":{"recordRetention":0}}`: "pluginConfig[TesseraGPU].args.preemption.recordRetention: invalid value 0",
+		`{"memoryOversubscription":0}`:         "pluginConfig[TesseraGPU].args.memoryOversubscription: invalid value 0",
+		`{"minSliceMiB":{"training":0}}`:       "pluginConfig[TesseraGPU].args.minSliceMiB.training: invalid value 0",
+	} {
+		if _, err := DecodeArgs(&runtime.Unknown{Raw: []byte(raw)}); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: err = %v, want %q", raw, err, want)
+		}
+	}
+	if c, err := decodeArgs(&runtime.Unknown{Raw: []byte(`{"preemption":{"gracePeriod":"10s"}}`)}); err != nil ||
+		c.Preemption.GracePeriod.Duration != 10*time.Second || c.Preemption.RecordRetention != config.DefaultRecordRetention {
+		t.Errorf("a preemption section with one field: %+v, %v", c, err)
+	}
 }
 
 func TestWorkloadTrackerFollowsTheMix(t *testing.T) {
@@ -358,7 +373,7 @@ func TestGonePodIsNotBookedAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Gone("u2", false)
-	c.Gone("u2", false) // the hint and the handler both report it
+	c.Gone("u2", false) // reported twice (a relist)
 	if got := c.Snapshot("n1").GPUs[0].CoresUsed(); got != 0 {
 		t.Fatalf("GPU holds %d‰", got)
 	}

@@ -135,6 +135,73 @@ func TestLoad(t *testing.T) {
 	}
 }
 
+// TestZeroIsAValue: a field written as 0 is that value — refused by its name
+// where 0 is wrong, kept where it means something — and a field left out or
+// written as null takes its default. Before, both were "not given": a
+// recordRetention of 0 silently became 100 and a cooldown of 0s two minutes.
+func TestZeroIsAValue(t *testing.T) {
+	const head = "apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\n"
+	for _, c := range []struct{ yaml, field string }{
+		{"preemption: {recordRetention: 0}", "preemption.recordRetention"},
+		{"preemption: {gracePeriod: 0s}", "preemption.gracePeriod"},
+		{"preemption: {reclaimTimeout: 0s}", "preemption.reclaimTimeout"},
+		{"allocator: {memoryOversubscription: 0}", "allocator.memoryOversubscription"},
+		{"allocator: {computeOversubscription: 0}", "allocator.computeOversubscription"},
+		{"allocator: {workloadCoverage: 0}", "allocator.workloadCoverage"},
+		{"allocator: {minSliceMiB: {training: 0}}", "allocator.minSliceMiB.training"},
+		{"allocator: {minSliceMiB: {inference: 0}}", "allocator.minSliceMiB.inference"},
+		{"allocator: {policy: ''}", "allocator.policy"},
+		{"timeSlice: {computeBound: 0s}", "timeSlice.computeBound"},
+		{"timeSlice: {ioBound: 0s}", "timeSlice.ioBound"},
+		{"fragments: {sampleInterval: 0s}", "fragments.sampleInterval"},
+		{"fragments: {decreaseAbove: 0}", "fragments.decreaseAbove"},
+		{"fragments: {increaseBelow: 0}", "fragments.increaseBelow"},
+		{"fragments: {window: 0s}", "fragments.window"},
+		{"fragments: {horizon: 0s}", "fragments.horizon"},
+		{"fragments: {evaluateEvery: 0s}", "fragments.evaluateEvery"},
+		{"fragments: {consecutive: 0}", "fragments.consecutive"},
+		{"fragments: {minSlices: 0}", "fragments.minSlices"},
+		{"fragments: {maxSlices: 0}", "fragments.maxSlices"},
+		{"stall: {window: 0s}", "stall.window"},
+		{"stall: {threshold: 0}", "stall.threshold"},
+		{"health: {quietPeriod: 0s}", "health.quietPeriod"},
+		{"apiVersion: ''", "apiVersion"},
+	} {
+		t.Run(c.yaml, func(t *testing.T) {
+			_, err := Load([]byte(head + c.yaml + "\n"))
+			var fe *FieldError
+			if !errors.As(err, &fe) || fe.Field != c.field {
+				t.Fatalf("Load = %v, want a FieldError naming %s", err, c.field)
+			}
+		})
+	}
+	for _, c := range []struct {
+		yaml  string
+		check func(*Configuration) bool
+	}{
+		{"fragments: {cooldown: 0s}", func(c *Configuration) bool { return c.Fragments.Cooldown.Duration == 0 }},
+		{"fragments: {arima: {p: 0, d: 0, q: 0}}", func(c *Configuration) bool { return c.Fragments.ARIMA == ARIMAOrder{} }},
+		{"fragments: {arima: {p: 2}}", func(c *Configuration) bool { return c.Fragments.ARIMA == ARIMAOrder{P: 2, D: 1} }},
+		{"fragments: {arima: {d: 0}}", func(c *Configuration) bool { return c.Fragments.ARIMA == ARIMAOrder{P: 5} }},
+		{"health: {ignoredXids: []}", func(c *Configuration) bool { return c.Health.IgnoredXids != nil && len(c.Health.IgnoredXids) == 0 }},
+		{"preemption: {recordRetention: null}", func(c *Configuration) bool { return c.Preemption.RecordRetention == DefaultRecordRetention }},
+		{"preemption: null", func(c *Configuration) bool { return c.Preemption.RecordRetention == DefaultRecordRetention }},
+		{"fragments: {minSlices: 2}", func(c *Configuration) bool {
+			return c.Fragments.MinSlices == 2 && c.Fragments.MaxSlices == DefaultMaxSlices && c.Fragments.Cooldown.Duration == DefaultCooldown
+		}},
+	} {
+		t.Run(c.yaml, func(t *testing.T) {
+			got, err := Load([]byte(head + c.yaml + "\n"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !c.check(got) {
+				t.Fatalf("got %+v", got)
+			}
+		})
+	}
+}
+
 func FuzzLoad(f *testing.F) {
 	f.Add([]byte("apiVersion: tessera.dev/v1alpha1\nkind: TesseraConfiguration\n"))
 	f.Add([]byte("allocator: {policy: fgd, memoryOversubscription: 1.5}"))

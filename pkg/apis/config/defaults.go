@@ -57,7 +57,10 @@ func Default() *Configuration {
 	return c
 }
 
-// SetDefaults fills every zero field of c with its production default.
+// SetDefaults fills every zero field of c with its production default: for
+// a configuration built in code. What a person writes is read as a
+// ConfigurationInput (Load, the scheduler plugin's arguments), where a field
+// written as 0 is a value, not a field left out.
 func SetDefaults(c *Configuration) {
 	if c.APIVersion == "" {
 		c.APIVersion = APIVersion
@@ -133,19 +136,20 @@ func setDuration(d *Duration, v time.Duration) {
 }
 
 // Load decodes a YAML or JSON configuration strictly (an unknown or misspelt
-// field is an error), applies defaults and validates it.
+// field is an error), gives every field left out its default and validates
+// it: a field written as 0 is validated as 0.
 func Load(data []byte) (*Configuration, error) {
 	js, err := yaml.YAMLToJSON(data)
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	c := &Configuration{}
+	in := &ConfigurationInput{}
 	dec := json.NewDecoder(bytes.NewReader(js))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(c); err != nil {
+	if err := dec.Decode(in); err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	SetDefaults(c)
+	c := in.Configuration()
 	if err := Validate(c); err != nil {
 		return nil, err
 	}
