@@ -115,6 +115,9 @@ type podRecord struct {
 	// booked until then (or the reclaim timeout), since it was seen gone.
 	awaitingReclaim bool
 	goneAt          time.Time
+	// preemptor is, for a victim awaiting reclaim, the pod its notice
+	// named ("" when unreadable): the slices are that pod's once freed.
+	preemptor types.UID
 	// refused: AddBound found the assignment over its node's limits when
 	// the pod was first seen bound, so it was never counted (the agent
 	// refuses it too).
@@ -359,7 +362,13 @@ func (c *Cache) Forget(uid types.UID) {
 // A preemption victim (victim true) is not released yet: its slices stay
 // booked until its node's inventory lists it as reclaimed — the agent found
 // no process of it left on its GPUs — or ExpireReclaims gives up on it.
-func (c *Cache) Gone(uid types.UID, victim bool) {
+func (c *Cache) Gone(uid types.UID, victim bool) { c.release(uid, victim, "") }
+
+// GoneVictimOf is Gone for a preemption victim whose notice names
+// preemptor, which Reclaiming reports with it.
+func (c *Cache) GoneVictimOf(uid, preemptor types.UID) { c.release(uid, true, preemptor) }
+
+func (c *Cache) release(uid types.UID, victim bool, preemptor types.UID) {
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -368,7 +377,7 @@ func (c *Cache) Gone(uid types.UID, victim bool) {
 		switch {
 		case rec.awaitingReclaim:
 		case victim && rec.booked && s != nil && !s.reclaimed[string(uid)]:
-			rec.awaitingReclaim, rec.goneAt = true, now
+			rec.awaitingReclaim, rec.goneAt, rec.preemptor = true, now, preemptor
 			s.liveSlots -= slots(rec.assignment)
 		default:
 			delete(c.pods, uid)
@@ -552,6 +561,30 @@ func (c *Cache) Orphans() []string {
 		}
 	}
 	sort.Strings(out)
+	return out
+}
+
+// ReclaimingVictim is a preemption victim gone from the API server whose
+// slices stay booked until its node's agent confirms them clean.
+type ReclaimingVictim struct {
+	Assignment *gpu.PodAssignment
+	// Preemptor is the pod the victim's notice named ("" if unreadable).
+	Preemptor types.UID
+}
+
+// Reclaiming lists a node's victims awaiting reclaim: the slices their
+// preemptors are about to get, which a preemption must count as freed for
+// them rather than choose more victims.
+func (c *Cache) Reclaiming(node string) []ReclaimingVictim {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	var out []ReclaimingVictim
+	for _, rec := range c.pods {
+		if rec.awaitingReclaim && rec.booked && rec.assignment.Node == node {
+			out = append(out, ReclaimingVictim{Assignment: rec.assignment, Preemptor: rec.preemptor})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Preemptor < out[j].Preemptor })
 	return out
 }
 

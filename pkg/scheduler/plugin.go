@@ -28,6 +28,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -500,7 +501,7 @@ func (p *Plugin) onPod(logger klog.Logger, obj any, added bool) {
 		return
 	}
 	if podgpu.Finished(pod) {
-		p.cache.Gone(pod.UID, preemption.IsVictim(pod))
+		p.release(pod)
 		p.waiting.forget(pod.UID)
 		p.reportOrphans(logger)
 		p.waiting.wake(p.cache, logger)
@@ -544,7 +545,7 @@ func (p *Plugin) onPodDelete(obj any) {
 		obj = t.Obj
 	}
 	if pod, ok := obj.(*v1.Pod); ok {
-		p.cache.Gone(pod.UID, preemption.IsVictim(pod))
+		p.release(pod)
 		p.waiting.forget(pod.UID)
 		p.reportOrphans(klog.Background())
 		p.waiting.wake(p.cache, klog.Background())
@@ -556,6 +557,21 @@ func (p *Plugin) onPodDelete(obj any) {
 			return true
 		})
 	}
+}
+
+// release tells the cache a pod left the API server or finished; a
+// preemption victim's slices stay booked, for its preemptor, until its
+// agent confirms them clean.
+func (p *Plugin) release(pod *v1.Pod) {
+	if !preemption.IsVictim(pod) {
+		p.cache.Gone(pod.UID, false)
+		return
+	}
+	var preemptor types.UID
+	if n, err := preemption.NoticeOf(pod); err == nil && n != nil {
+		preemptor = types.UID(n.PreemptorUID)
+	}
+	p.cache.GoneVictimOf(pod.UID, preemptor)
 }
 
 // onNode installs, replaces or drops a node's inventory, then wakes the
