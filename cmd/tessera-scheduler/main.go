@@ -10,6 +10,7 @@ import (
 	"k8s.io/component-base/cli"
 	"k8s.io/kubernetes/cmd/kube-scheduler/app"
 
+	preemptioncontroller "github.com/tessera-gpu/tessera/pkg/preemption/controller"
 	"github.com/tessera-gpu/tessera/pkg/scheduler"
 	"github.com/tessera-gpu/tessera/pkg/version"
 )
@@ -22,5 +23,5 @@ func main() {
 		fmt.Printf("%s, kube-scheduler %s\n", version.String("tessera-scheduler"), version.Dependency("k8s.io/kubernetes"))
 		os.Exit(0)
 	}
-	os.Exit(cli.Run(app.NewSchedulerCommand(scheduler.Register)))
+	os.Exit(cli.Run(app.NewSchedulerCommand(scheduler.RegisterWith(preemptioncontroller.Start))))
 }

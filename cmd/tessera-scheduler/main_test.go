@@ -13,6 +13,7 @@ import (
 	"k8s.io/kubernetes/cmd/kube-scheduler/app/options"
 	"k8s.io/kubernetes/pkg/scheduler/apis/config"
 
+	preemptioncontroller "github.com/tessera-gpu/tessera/pkg/preemption/controller"
 	"github.com/tessera-gpu/tessera/pkg/scheduler"
 )
 
@@ -56,7 +57,7 @@ func setup(t *testing.T, schedulerConfig string) (map[string]*config.Plugins, er
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	_, sched, err := app.Setup(ctx, opts, scheduler.Register)
+	_, sched, err := app.Setup(ctx, opts, scheduler.RegisterWith(preemptioncontroller.Start))
 	if err != nil {
 		return nil, err
 	}

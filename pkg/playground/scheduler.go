@@ -20,6 +20,7 @@ import (
 	"k8s.io/kubernetes/cmd/kube-scheduler/app/options"
 
 	"github.com/tessera-gpu/tessera/deploy"
+	preemptioncontroller "github.com/tessera-gpu/tessera/pkg/preemption/controller"
 	"github.com/tessera-gpu/tessera/pkg/scheduler"
 )
 
@@ -98,7 +99,7 @@ func (c *Cluster) runScheduler(ctx context.Context) (done chan struct{}, err err
 	}); err != nil {
 		return nil, err
 	}
-	cc, sched, err := app.Setup(ctx, opts, scheduler.Register)
+	cc, sched, err := app.Setup(ctx, opts, scheduler.RegisterWith(preemptioncontroller.Start))
 	if err != nil {
 		return nil, fmt.Errorf("tessera-scheduler: %w", err)
 	}

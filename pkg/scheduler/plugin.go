@@ -31,6 +31,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	policylisters "k8s.io/client-go/listers/policy/v1"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -103,8 +104,20 @@ var (
 	sharedByFactory = map[informers.SharedInformerFactory]*shared{}
 )
 
-// New is the plugin factory for app.WithPlugin.
-func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
+// PreemptionController starts what carries a preemption on after the
+// notices PostFilter sends — the soft and hard levels, the scene records —
+// on the scheduler's pod informer until ctx ends: the binaries pass
+// pkg/preemption/controller.Start.
+type PreemptionController func(ctx context.Context, client kubernetes.Interface, pods toolscache.SharedIndexInformer, cfg config.PreemptionConfig) error
+
+// pluginFactory is the plugin factory, starting controller once per scheduler.
+func pluginFactory(controller PreemptionController) frameworkruntime.PluginFactory {
+	return func(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
+		return newPlugin(ctx, obj, h, controller)
+	}
+}
+
+func newPlugin(ctx context.Context, obj runtime.Object, h fwk.Handle, controller PreemptionController) (fwk.Plugin, error) {
 	all, err := decodeArgs(obj)
 	if err != nil {
 		return nil, err
@@ -158,11 +171,11 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 	// Preemption's soft and hard levels, for the victims PostFilter
 	// notifies; and the fallback for victims whose agent never confirms
 	// their reclaim.
-	ctrl, err := preemption.NewController(h.ClientSet(), factory.Core().V1().Pods().Informer(), all.Preemption)
-	if err != nil {
+	if controller == nil {
+		logger.Info("No preemption controller runs beside this scheduler: notified victims are never stopped at their deadline")
+	} else if err := controller(klog.NewContext(ctx, logger.WithName("preemption")), h.ClientSet(), factory.Core().V1().Pods().Informer(), all.Preemption); err != nil {
 		return nil, err
 	}
-	go ctrl.Run(klog.NewContext(ctx, logger.WithName("preemption")), 2)
 	go wait.UntilWithContext(ctx, func(context.Context) {
 		if expired := s.cache.ExpireReclaims(time.Now(), all.Preemption.ReclaimTimeout.Duration); len(expired) > 0 {
 			reclaimTimeouts.Add(float64(len(expired)))
@@ -658,12 +671,16 @@ func (p *Plugin) warnOnce(logger klog.Logger, obj runtime.Object, reason, msg st
 	}
 }
 
-// Register adds Tessera's plugins (TesseraGPU and TesseraNodeResourcesFit)
-// to a scheduler's out-of-tree registry: pass it where kube-scheduler's
-// app takes its options (app.NewSchedulerCommand, app.Setup).
-func Register(r frameworkruntime.Registry) error {
-	if err := r.Register(Name, New); err != nil {
-		return err
+// RegisterWith returns what adds Tessera's plugins (TesseraGPU and
+// TesseraNodeResourcesFit) to a scheduler's out-of-tree registry, with the
+// preemption controller each scheduler runs beside them: pass it where
+// kube-scheduler's app takes its options (app.NewSchedulerCommand,
+// app.Setup). The binaries wire controller.Start; nil runs none.
+func RegisterWith(controller PreemptionController) func(frameworkruntime.Registry) error {
+	return func(r frameworkruntime.Registry) error {
+		if err := r.Register(Name, pluginFactory(controller)); err != nil {
+			return err
+		}
+		return r.Register(ResourcesFitName, NewResourcesFit)
 	}
-	return r.Register(ResourcesFitName, NewResourcesFit)
 }

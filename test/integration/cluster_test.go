@@ -33,6 +33,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/inventory"
 	"github.com/tessera-gpu/tessera/pkg/playground"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
+	preemptioncontroller "github.com/tessera-gpu/tessera/pkg/preemption/controller"
 	"github.com/tessera-gpu/tessera/pkg/scheduler"
 )
 
@@ -120,7 +121,7 @@ func (c *cluster) startScheduler(pluginArgs string) *runningScheduler {
 		c.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(c.ctx)
-	cc, sched, err := app.Setup(ctx, opts, scheduler.Register)
+	cc, sched, err := app.Setup(ctx, opts, scheduler.RegisterWith(preemptioncontroller.Start))
 	if err != nil {
 		cancel()
 		c.t.Fatalf("scheduler setup: %v", err)

@@ -1,4 +1,10 @@
-package preemption
+// Package controller is the preemption controller: after the scheduler's
+// PostFilter notifies victims (pkg/preemption is the notice contract), it
+// carries out the soft and hard levels. It is its own component, started by
+// the binaries that run a tessera-scheduler (cmd/tessera-scheduler, the
+// playground) through scheduler.RegisterWith; the node agent links only the
+// contract.
+package controller
 
 import (
 	"context"
@@ -24,12 +30,13 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/patch"
+	"github.com/tessera-gpu/tessera/pkg/preemption"
 )
 
 // Controller carries out the soft and hard levels for the victims the
 // scheduler notified: it ends the wait when a victim exits or reports its
 // checkpoint, and at the deadline records the victim's scene and deletes it.
-// It runs in the scheduler process, on the scheduler's pod informer.
+// It runs in the scheduler process, on the scheduler's pod informer (Start).
 type Controller struct {
 	client kubernetes.Interface
 	pods   corelisters.PodLister
@@ -54,8 +61,20 @@ const (
 	LevelCancelled = "cancelled"
 )
 
-// NewController watches informer's pods (the scheduler's).
-func NewController(client kubernetes.Interface, informer cache.SharedIndexInformer, cfg config.PreemptionConfig) (*Controller, error) {
+// Start runs a controller on informer's pods (the scheduler's) with two
+// workers until ctx ends: the scheduler plugin calls it once per scheduler,
+// with the preemption settings of its arguments.
+func Start(ctx context.Context, client kubernetes.Interface, informer cache.SharedIndexInformer, cfg config.PreemptionConfig) error {
+	c, err := New(client, informer, cfg)
+	if err != nil {
+		return err
+	}
+	go c.Run(ctx, 2)
+	return nil
+}
+
+// New watches informer's pods (the scheduler's).
+func New(client kubernetes.Interface, informer cache.SharedIndexInformer, cfg config.PreemptionConfig) (*Controller, error) {
 	registerMetrics()
 	c := &Controller{
 		client: client, pods: corelisters.NewPodLister(informer.GetIndexer()), cfg: cfg, now: time.Now,
@@ -65,7 +84,7 @@ func NewController(client kubernetes.Interface, informer cache.SharedIndexInform
 	// goes away, spares its victims not yet stopped.
 	if err := informer.AddIndexers(cache.Indexers{preemptorIndex: func(obj any) ([]string, error) {
 		if p, ok := obj.(*v1.Pod); ok {
-			if n, _ := NoticeOf(p); n != nil {
+			if n, _ := preemption.NoticeOf(p); n != nil {
 				return []string{n.PreemptorUID}, nil
 			}
 		}
@@ -93,7 +112,7 @@ func (c *Controller) enqueue(obj any) {
 	if !ok {
 		return
 	}
-	if IsVictim(p) {
+	if preemption.IsVictim(p) {
 		c.queue.Add(types.NamespacedName{Namespace: p.Namespace, Name: p.Name})
 	}
 	if c.byPreemptor == nil {
@@ -117,7 +136,7 @@ func (c *Controller) deleted(obj any) {
 	if !ok {
 		return
 	}
-	n, err := NoticeOf(p)
+	n, err := preemption.NoticeOf(p)
 	if err != nil || n == nil {
 		return
 	}
@@ -169,7 +188,7 @@ func (c *Controller) sync(ctx context.Context, key types.NamespacedName) (time.D
 	if err != nil {
 		return 0, err
 	}
-	n, err := NoticeOf(pod)
+	n, err := preemption.NoticeOf(pod)
 	if err != nil || n == nil || pod.DeletionTimestamp != nil {
 		return 0, nil
 	}
@@ -181,7 +200,7 @@ func (c *Controller) sync(ctx context.Context, key types.NamespacedName) (time.D
 		logger.Info("Preemption no longer needed; sparing the victim", "why", why)
 		return 0, c.cancel(ctx, pod, why)
 	}
-	at, saved, err := CheckpointOf(pod)
+	at, saved, err := preemption.CheckpointOf(pod)
 	if err != nil {
 		// Not its agent's writing: the grace period runs on.
 		logger.Error(err, "Ignoring an unreadable checkpoint report")
@@ -202,18 +221,18 @@ func (c *Controller) sync(ctx context.Context, key types.NamespacedName) (time.D
 		logger.Error(err, "Could not record the preempted pod's scene")
 	}
 	c.event(ctx, pod, v1.EventTypeWarning, "PreemptedHard",
-		fmt.Sprintf("Grace period ended at %s without a checkpoint; stopped for %s; scene recorded in %s/%s", n.Deadline.Format(time.RFC3339), n.Preemptor, RecordNamespace, rec))
+		fmt.Sprintf("preemption.Grace period ended at %s without a checkpoint; stopped for %s; scene recorded in %s/%s", n.Deadline.Format(time.RFC3339), n.Preemptor, preemption.RecordNamespace, rec))
 	if ns, name, ok := strings.Cut(n.Preemptor, "/"); ok {
 		c.event(ctx, &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(n.PreemptorUID)}}, v1.EventTypeNormal, "VictimStopped",
-			fmt.Sprintf("Victim %s/%s ignored its notice and was stopped at the end of its grace period; scene in %s/%s", pod.Namespace, pod.Name, RecordNamespace, rec))
+			fmt.Sprintf("Victim %s/%s ignored its notice and was stopped at the end of its grace period; scene in %s/%s", pod.Namespace, pod.Name, preemption.RecordNamespace, rec))
 	}
-	logger.Info("Grace period over; stopping the victim", "record", rec)
+	logger.Info("preemption.Grace period over; stopping the victim", "record", rec)
 	return 0, c.stop(ctx, pod, n, LevelHard, now)
 }
 
 // needless says why a notice no longer serves its preemptor ("" while it
 // does): the preemptor was placed, or is gone.
-func (c *Controller) needless(n *Notice) string {
+func (c *Controller) needless(n *preemption.Notice) string {
 	ns, name, _ := strings.Cut(n.Preemptor, "/")
 	pre, err := c.pods.Pods(ns).Get(name)
 	switch {
@@ -235,7 +254,7 @@ func podFinished(p *v1.Pod) bool {
 // removes the notice file), the DisruptionTarget condition turns False, and
 // an event says why.
 func (c *Controller) cancel(ctx context.Context, pod *v1.Pod, why string) error {
-	withdraw := patch.Annotations("", map[string]*string{AnnotationNotice: nil, AnnotationCheckpointed: nil})
+	withdraw := patch.Annotations("", map[string]*string{preemption.AnnotationNotice: nil, preemption.AnnotationCheckpointed: nil})
 	if _, err := c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, withdraw, metav1.PatchOptions{}); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil
@@ -253,7 +272,7 @@ func (c *Controller) cancel(ctx context.Context, pod *v1.Pod, why string) error 
 }
 
 // stop deletes the victim at once (its grace was the notice's).
-func (c *Controller) stop(ctx context.Context, pod *v1.Pod, n *Notice, level string, now time.Time) error {
+func (c *Controller) stop(ctx context.Context, pod *v1.Pod, n *preemption.Notice, level string, now time.Time) error {
 	if _, already := c.ended.LoadOrStore(pod.UID, level); already {
 		// A second look queued before the informer saw the first stop.
 		return nil
@@ -275,42 +294,13 @@ func (c *Controller) stop(ctx context.Context, pod *v1.Pod, n *Notice, level str
 	return nil
 }
 
-// Scene is a hard preemption's record: what was stopped, where, for whom,
-// when each level happened, and how its containers stood.
-type Scene struct {
-	Victim        string             `json:"victim"` // namespace/name
-	UID           string             `json:"uid"`
-	Node          string             `json:"node"`
-	Priority      int32              `json:"priority"`
-	PriorityClass string             `json:"priorityClass,omitempty"`
-	Containers    []ContainerScene   `json:"containers"`
-	Assignment    *gpu.PodAssignment `json:"assignment,omitempty"`
-	Preemptor     string             `json:"preemptor"`
-	PreemptorUID  string             `json:"preemptorUID"`
-	Reason        string             `json:"reason"`
-	NoticeAt      time.Time          `json:"noticeAt"`
-	Deadline      time.Time          `json:"deadline"`
-	StoppedAt     time.Time          `json:"stoppedAt"`
-}
-
-// ContainerScene is one container as it stood when stopped.
-type ContainerScene struct {
-	Name         string            `json:"name"`
-	Image        string            `json:"image"`
-	Limits       map[string]string `json:"limits,omitempty"`
-	State        v1.ContainerState `json:"state"`
-	LastState    v1.ContainerState `json:"lastState"`
-	RestartCount int32             `json:"restartCount"`
-	LastLog      string            `json:"lastLog"`
-}
-
 // logLines is how much of each container's log a record keeps.
 const logLines = 50
 
-// record writes the victim's scene into a ConfigMap in RecordNamespace and
+// record writes the victim's scene into a ConfigMap in preemption.RecordNamespace and
 // trims the records to the retention limit. It returns the record's name.
-func (c *Controller) record(ctx context.Context, pod *v1.Pod, n *Notice, now time.Time) (string, error) {
-	sc := Scene{Victim: pod.Namespace + "/" + pod.Name, UID: string(pod.UID), Node: pod.Spec.NodeName, PriorityClass: pod.Spec.PriorityClassName,
+func (c *Controller) record(ctx context.Context, pod *v1.Pod, n *preemption.Notice, now time.Time) (string, error) {
+	sc := preemption.Scene{Victim: pod.Namespace + "/" + pod.Name, UID: string(pod.UID), Node: pod.Spec.NodeName, PriorityClass: pod.Spec.PriorityClassName,
 		Preemptor: n.Preemptor, PreemptorUID: n.PreemptorUID, Reason: n.Reason, NoticeAt: n.NoticeAt, Deadline: n.Deadline, StoppedAt: now.UTC()}
 	if pod.Spec.Priority != nil {
 		sc.Priority = *pod.Spec.Priority
@@ -323,7 +313,7 @@ func (c *Controller) record(ctx context.Context, pod *v1.Pod, n *Notice, now tim
 		statuses[st.Name] = st
 	}
 	for _, ct := range pod.Spec.Containers {
-		cs := ContainerScene{Name: ct.Name, Image: ct.Image, Limits: map[string]string{}}
+		cs := preemption.ContainerScene{Name: ct.Name, Image: ct.Image, Limits: map[string]string{}}
 		for k, q := range ct.Resources.Limits {
 			cs.Limits[string(k)] = q.String()
 		}
@@ -341,21 +331,16 @@ func (c *Controller) record(ctx context.Context, pod *v1.Pod, n *Notice, now tim
 	}
 	name := recordName(pod)
 	cm := &v1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: RecordNamespace, Labels: map[string]string{
-			recordLabel: "true", "tessera.dev/victim-namespace": pod.Namespace,
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: preemption.RecordNamespace, Labels: map[string]string{
+			preemption.RecordLabelKey: "true", "tessera.dev/victim-namespace": pod.Namespace,
 		}, Annotations: map[string]string{"tessera.dev/victim": sc.Victim, "tessera.dev/preemptor": n.Preemptor}},
 		Data: map[string]string{"scene.json": string(body)},
 	}
-	if _, err := c.client.CoreV1().ConfigMaps(RecordNamespace).Create(ctx, cm, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := c.client.CoreV1().ConfigMaps(preemption.RecordNamespace).Create(ctx, cm, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return "", err
 	}
 	return name, c.trim(ctx)
 }
-
-const recordLabel = "tessera.dev/preemption-record"
-
-// RecordLabel selects the scene records.
-const RecordLabel = recordLabel + "=true"
 
 func recordName(pod *v1.Pod) string {
 	n := pod.Name
@@ -377,15 +362,15 @@ func (c *Controller) lastLog(ctx context.Context, pod *v1.Pod, container string)
 	return string(b)
 }
 
-// ensureNamespace creates RecordNamespace where it is missing. It looks
+// ensureNamespace creates preemption.RecordNamespace where it is missing. It looks
 // first: the shipped RBAC lets the scheduler read namespaces, not create
 // them (the manifests create tessera-system).
 func (c *Controller) ensureNamespace(ctx context.Context) error {
-	_, err := c.client.CoreV1().Namespaces().Get(ctx, RecordNamespace, metav1.GetOptions{})
+	_, err := c.client.CoreV1().Namespaces().Get(ctx, preemption.RecordNamespace, metav1.GetOptions{})
 	if !apierrors.IsNotFound(err) {
 		return err
 	}
-	_, err = c.client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: RecordNamespace}}, metav1.CreateOptions{})
+	_, err = c.client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: preemption.RecordNamespace}}, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		return nil
 	}
@@ -394,7 +379,7 @@ func (c *Controller) ensureNamespace(ctx context.Context) error {
 
 // trim deletes the oldest records beyond the retention limit.
 func (c *Controller) trim(ctx context.Context) error {
-	list, err := c.client.CoreV1().ConfigMaps(RecordNamespace).List(ctx, metav1.ListOptions{LabelSelector: RecordLabel})
+	list, err := c.client.CoreV1().ConfigMaps(preemption.RecordNamespace).List(ctx, metav1.ListOptions{LabelSelector: preemption.RecordLabel})
 	if err != nil {
 		return err
 	}
@@ -409,7 +394,7 @@ func (c *Controller) trim(ctx context.Context) error {
 		return items[i].Name < items[j].Name
 	})
 	for _, cm := range items[:len(items)-c.cfg.RecordRetention] {
-		if err := c.client.CoreV1().ConfigMaps(RecordNamespace).Delete(ctx, cm.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		if err := c.client.CoreV1().ConfigMaps(preemption.RecordNamespace).Delete(ctx, cm.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			return err
 		}
 	}
