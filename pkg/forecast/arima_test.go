@@ -308,3 +308,21 @@ func TestCompanionSandwichEqualsDense(t *testing.T) {
 		}
 	}
 }
+
+// TestExactPatternIsNoModel: a window that holds the start of a linear ramp
+// (flat, then rising by the same step) is fitted exactly by an AR on its
+// differences, so the likelihood cannot be evaluated: Fit says so by name,
+// and the adjuster takes the last value instead of holding (its golden
+// trace showed ForecastFailed in the middle of a ramp).
+func TestExactPatternIsNoModel(t *testing.T) {
+	var y []float64
+	for range 10 {
+		y = append(y, 0.15)
+	}
+	for i := range 90 {
+		y = append(y, 0.15+0.83*float64(i)/199)
+	}
+	if _, err := Fit(y, Order{5, 1, 0}); !errors.Is(err, ErrNoModel) {
+		t.Fatalf("Fit = %v, want ErrNoModel", err)
+	}
+}

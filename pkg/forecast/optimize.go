@@ -5,8 +5,12 @@ import (
 	"math"
 )
 
-// errNoConvergence is returned when the optimiser cannot start.
-var errNoConvergence = errors.New("forecast: likelihood could not be evaluated at the start values")
+// ErrNoModel is returned when the optimiser cannot start: the likelihood is
+// unbounded or undefined at the start values, as when the series follows an
+// exact pattern (a ramp that starts inside the window: its differences are a
+// step an AR fits with no error). Like ErrConstant, its future is best taken
+// as its last value (Naive).
+var ErrNoModel = errors.New("forecast: no model fits: the likelihood cannot be evaluated at the start values (the series follows an exact pattern)")
 
 // relTol ends the search once two iterations in a row improve the objective
 // by less than this fraction: R's optim (which R's arima uses) stops at the
@@ -26,7 +30,7 @@ func minimize(f func([]float64) float64, x0 []float64) ([]float64, error) {
 	x := append([]float64(nil), x0...)
 	fx := f(x)
 	if math.IsInf(fx, 0) || math.IsNaN(fx) {
-		return nil, errNoConvergence
+		return nil, ErrNoModel
 	}
 	if n == 0 {
 		return x, nil

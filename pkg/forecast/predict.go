@@ -111,7 +111,8 @@ func integrationCoefficients(d int) []float64 {
 	return nil
 }
 
-// Naive is the fallback forecast for a series no model fits (ErrConstant):
+// Naive is the fallback forecast for a series no model fits (ErrConstant,
+// ErrNoModel):
 // its last value, with zero-width intervals.
 func Naive(y []float64, h int) Forecast {
 	f := Forecast{Mean: make([]float64, h), StdErr: make([]float64, h)}

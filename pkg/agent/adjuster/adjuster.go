@@ -249,7 +249,9 @@ func (a *Adjuster) predict(series []float64) (float64, error) {
 	m, err := forecast.Fit(series, a.order)
 	var f forecast.Forecast
 	switch {
-	case errors.Is(err, forecast.ErrConstant):
+	case errors.Is(err, forecast.ErrConstant), errors.Is(err, forecast.ErrNoModel):
+		// No stochastic model: the series is flat, or follows an exact
+		// pattern (the start of a ramp); its last value is the forecast.
 		f = forecast.Naive(series, a.horizon)
 	case err != nil:
 		return 0, err
