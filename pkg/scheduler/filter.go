@@ -1,0 +1,98 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+)
+
+// Filter says whether the pod's GPUs fit the node.
+func (p *Plugin) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
+	defer observe("Filter", time.Now())
+	s := readState(state)
+	if s == nil {
+		return nil
+	}
+	var reason allocator.Reason
+	var err error
+	if len(s.nominated[nodeInfo.Node().Name]) > 0 {
+		var ok bool
+		if reason, ok = p.fitWithNominated(s, nodeInfo.Node().Name); !ok {
+			err = errNoInventory
+		}
+	} else {
+		reason, _, err = p.cache.Fit(s.alloc, nodeInfo.Node().Name, s.shape, s.req)
+	}
+	if err != nil {
+		unschedulable.WithLabelValues("NoInventory").Inc()
+		s.rejected.add("NoInventory")
+		if _, unreadable := p.unreadable.Load(nodeInfo.Node().Name); !unreadable && p.behind(nodeInfo) {
+			s.rejected.markBehind()
+		}
+		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, p.noInventoryReason(nodeInfo.Node().Name))
+	}
+	if st := slotsFit(s.slots, nodeInfo); st != nil {
+		s.rejected.add("InsufficientSlots")
+		return st
+	}
+	if !reason.OK() {
+		unschedulable.WithLabelValues(reason.Code.String()).Inc()
+		s.rejected.addReason(nodeInfo.Node().Name, reason)
+		if p.behind(nodeInfo) {
+			s.rejected.markBehind()
+		}
+		// The message is the code's, the same on every node (the
+		// framework counts identical ones); this node's numbers go to the
+		// log, and the cluster's to PostFilter's line.
+		klog.FromContext(ctx).V(4).Info("GPU pod does not fit the node", "pod", klog.KObj(pod), "node", nodeInfo.Node().Name, "reason", reason.String())
+		return fwk.NewStatus(fwk.Unschedulable, reason.Code.Message())
+	}
+	return nil
+}
+
+// behind says whether the cache may not yet have applied a change the
+// scheduler's snapshot of the node shows (see Cache.Behind).
+func (p *Plugin) behind(nodeInfo fwk.NodeInfo) bool {
+	n := nodeInfo.Node()
+	return p.cache.Behind(n.Name, nodeInfo.GetRequested().GetScalarResources()[gpu.ResourceGPU], n.Annotations[gpu.AnnotationInventory])
+}
+
+// reasonInsufficientSlots is the Filter reason when kubelet has too few
+// device-plugin slots left on a node: the reason NodeResourcesFit gives.
+const reasonInsufficientSlots = "Insufficient " + gpu.ResourceGPU
+
+// slotsFit checks the node's device-plugin slots as kubelet counts them:
+// the pods bound there take theirs until they are deleted, those the agent
+// refused their GPUs included, so a GPU with room in the allocator's
+// account is no place for a pod kubelet would reject ("UnexpectedAdmission
+// Error … Available: 0").
+func slotsFit(want int64, nodeInfo fwk.NodeInfo) *fwk.Status {
+	if want == 0 {
+		return nil
+	}
+	free := nodeInfo.GetAllocatable().GetScalarResources()[gpu.ResourceGPU] - nodeInfo.GetRequested().GetScalarResources()[gpu.ResourceGPU]
+	if want > free {
+		unschedulable.WithLabelValues("InsufficientSlots").Inc()
+		return fwk.NewStatus(fwk.Unschedulable, reasonInsufficientSlots)
+	}
+	return nil
+}
+
+// noInventoryReason says why a node takes no GPU pod: its inventory is
+// missing, or there but unreadable (and why).
+func (p *Plugin) noInventoryReason(node string) string {
+	if _, ok := p.unreadable.Load(node); ok {
+		// Why is in the node's InvalidGPUInventory event: per node, it
+		// would make the framework's count one clause per node.
+		return fmt.Sprintf("node's GPU inventory (annotation %s) is unreadable (see the node's InvalidGPUInventory event); its tessera-agent republishes it when it runs there",
+			gpu.AnnotationInventory)
+	}
+	return fmt.Sprintf("node has no Tessera GPU inventory (annotation %s); is tessera-agent running there?", gpu.AnnotationInventory)
+}

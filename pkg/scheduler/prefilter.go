@@ -1,0 +1,59 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	fwk "k8s.io/kube-scheduler/framework"
+
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/podgpu"
+	"github.com/tessera-gpu/tessera/pkg/preemption"
+)
+
+// PreFilter parses and validates the pod's GPU request.
+func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	defer observe("PreFilter", time.Now())
+	if !podgpu.WantsGPU(pod) {
+		return nil, fwk.NewStatus(fwk.Skip)
+	}
+	if err := p.waitForSync(ctx); err != nil {
+		return nil, fwk.AsStatus(err)
+	}
+	freedAt := p.cache.Freed()
+	req, err := p.compile(pod)
+	if err != nil {
+		unschedulable.WithLabelValues("InvalidRequest").Inc()
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
+	}
+	state.Write(stateKey, &stateData{req: req, slots: podgpu.Slots(pod), shape: req.Key(), alloc: p.workload.Current(), rejected: &rejections{}, freedAt: freedAt})
+	return nil, nil
+}
+
+// compile reads a pod's request and checks it against the cluster: a slice
+// larger than every GPU known would wait forever.
+func (p *Plugin) compile(pod *v1.Pod) (*allocator.Request, error) {
+	greq, err := podgpu.Request(pod)
+	if err != nil {
+		return nil, fmt.Errorf("invalid GPU request: %w", err)
+	}
+	if err := preemption.ValidateAnnotations(pod); err != nil {
+		return nil, fmt.Errorf("invalid preemption settings: %w", err)
+	}
+	req, err := allocator.Compile(greq, p.cfg)
+	if err != nil {
+		return nil, fmt.Errorf("invalid GPU request: %w", err)
+	}
+	if largest := p.cache.MaxGPUMemoryMiB(); largest > 0 {
+		for _, c := range greq.Containers {
+			if c.MemoryMiB > largest {
+				return nil, fmt.Errorf("invalid GPU request: container %s asks for %s=%d MiB per GPU, but the largest GPU in the cluster has %d MiB",
+					c.Name, gpu.ResourceMemory, c.MemoryMiB, largest)
+			}
+		}
+	}
+	return req, nil
+}
