@@ -12,6 +12,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/component-base/metrics/legacyregistry"
@@ -21,8 +22,8 @@ import (
 )
 
 // BenchmarkSchedulingThroughput is a scheduler_perf-style measurement on the
-// in-process API server: 1,000 nodes × 8 GPUs, one tessera-scheduler process
-// with both shipped profiles. In the same run it schedules
+// in-process API server: one tessera-scheduler process with both shipped
+// profiles, nodes × 8 GPUs. In the same run it schedules
 //   - baseline: pods of the upstream default profile asking for a plain
 //     extended resource (example.com/gpu: 1), and
 //   - tessera: the same number of TesseraGPU pods, a mix of whole GPUs,
@@ -30,24 +31,58 @@ import (
 //
 // in alternating rounds, and reports each one's pods/s (first pod created to
 // last pod bound) and the p99 of the scheduler's own
-// scheduling_attempt_duration_seconds for the profile. Run it with
+// scheduling_attempt_duration_seconds for the profile, over the case's
+// attempts. Cases:
+//   - nodes=1000: the cluster alone;
+//   - nodes=5000/waiting=1000/churn: 1,000 pods (half per profile) wait
+//     unschedulable throughout (they ask for more GPUs than a node has), and
+//     while a round's pods arrive, GPU pods bound earlier are deleted, 20 a
+//     second — each deletion wakes the waiting pods' queueing hints.
+//
+// Run it with
 //
 //	make bench-scheduler
 //
-// It runs its rounds once whatever b.N is; use -benchtime 1x.
+// (-count 3 for three runs of each case). It runs its rounds once whatever
+// b.N is; use -benchtime 1x.
 func BenchmarkSchedulingThroughput(b *testing.B) {
+	for _, tc := range []throughputCase{
+		{nodes: 1000},
+		{nodes: 5000, waiting: 1000, churn: true},
+	} {
+		b.Run(tc.String(), func(b *testing.B) { runThroughput(b, tc) })
+	}
+}
+
+type throughputCase struct {
+	nodes, waiting int
+	churn          bool
+}
+
+func (tc throughputCase) String() string {
+	s := fmt.Sprintf("nodes=%d", tc.nodes)
+	if tc.waiting > 0 {
+		s += fmt.Sprintf("/waiting=%d", tc.waiting)
+	}
+	if tc.churn {
+		s += "/churn"
+	}
+	return s
+}
+
+func runThroughput(b *testing.B, tc throughputCase) {
 	const (
-		nodes     = 1000
-		gpusEach  = 8
-		perRound  = 1000
-		rounds    = 2
-		baseline  = "default-scheduler"
-		extraName = "example.com/gpu"
+		gpusEach      = 8
+		perRound      = 1000
+		rounds        = 2
+		baseline      = "default-scheduler"
+		extraName     = "example.com/gpu"
+		deletesPerSec = 20
 	)
 	c := startCluster(b)
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 32)
-	for i := range nodes {
+	for i := range tc.nodes {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
@@ -57,36 +92,111 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 	}
 	wg.Wait()
 	c.startScheduler("")
+	profiles := []string{baseline, tesseraScheduler}
+	create := func(ns string, pods []*v1.Pod) {
+		for i := range pods {
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				if _, err := c.client.CoreV1().Pods(ns).Create(c.ctx, pods[i], metav1.CreateOptions{}); err != nil {
+					b.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	if tc.waiting > 0 {
+		ns := c.namespace("perf-waiting")
+		var pods []*v1.Pod
+		for i := range tc.waiting {
+			p := perfPod(ns, fmt.Sprintf("w%04d", i), profiles[i%2], 0, extraName)
+			// Twice the GPUs any node has: fits nowhere, under either profile.
+			for k := range p.Spec.Containers[0].Resources.Limits {
+				p.Spec.Containers[0].Resources.Limits[k] = *resource.NewQuantity(2*gpusEach, resource.DecimalSI)
+			}
+			delete(p.Annotations, gpu.AnnotationSharing)
+			pods = append(pods, p)
+		}
+		create(ns, pods)
+		start := time.Now()
+		for c.unschedulableCount(ns) < tc.waiting {
+			if time.Since(start) > 5*time.Minute {
+				b.Fatalf("only %d of %d waiting pods reported unschedulable after 5m", c.unschedulableCount(ns), tc.waiting)
+			}
+			time.Sleep(2 * time.Second)
+		}
+		b.Logf("%d pods wait unschedulable (reported in %v)", tc.waiting, time.Since(start).Round(time.Second))
+	}
+	// bound holds pods bound in earlier rounds, for the churn to delete.
+	var (
+		boundMu sync.Mutex
+		bound   []types.NamespacedName
+	)
+	before := map[string]attemptHistogram{}
+	for _, profile := range profiles {
+		before[profile] = attempts(b, profile)
+	}
 	results := map[string][]float64{}
+	deleted := 0
 	for r := range rounds {
-		for _, profile := range []string{baseline, tesseraScheduler} {
+		for _, profile := range profiles {
 			ns := c.namespace(fmt.Sprintf("perf-%s-%d", profile, r))
 			pods := make([]*v1.Pod, perRound)
 			for i := range perRound {
 				pods[i] = perfPod(ns, fmt.Sprintf("p%04d", i), profile, i, extraName)
 			}
-			bound := c.watchBound(ns, perRound)
-			start := time.Now()
-			for i := range pods {
-				sem <- struct{}{}
-				wg.Add(1)
-				go func() {
-					defer func() { <-sem; wg.Done() }()
-					if _, err := c.client.CoreV1().Pods(ns).Create(c.ctx, pods[i], metav1.CreateOptions{}); err != nil {
-						b.Error(err)
+			done := c.watchBound(ns, perRound)
+			stopChurn := make(chan struct{})
+			churned := make(chan int)
+			go func() {
+				n := 0
+				defer func() { churned <- n }()
+				if !tc.churn {
+					return
+				}
+				tick := time.NewTicker(time.Second / deletesPerSec)
+				defer tick.Stop()
+				for {
+					select {
+					case <-stopChurn:
+						return
+					case <-tick.C:
 					}
-				}()
-			}
-			wg.Wait()
+					boundMu.Lock()
+					if len(bound) == 0 {
+						boundMu.Unlock()
+						continue
+					}
+					victim := bound[0]
+					bound = bound[1:]
+					boundMu.Unlock()
+					if err := c.client.CoreV1().Pods(victim.Namespace).Delete(c.ctx, victim.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err == nil {
+						n++
+					}
+				}
+			}()
+			start := time.Now()
+			create(ns, pods)
 			select {
-			case <-bound:
-			case <-time.After(time.Minute):
-				b.Fatalf("round %d %s: not all %d pods bound after 1m; p0000: %q", r, profile, perRound, c.unschedulableMessage(ns, "p0000"))
+			case <-done:
+			case <-time.After(2 * time.Minute):
+				b.Fatalf("round %d %s: not all %d pods bound after 2m; p0000: %q", r, profile, perRound, c.unschedulableMessage(ns, "p0000"))
 			}
 			rate := perRound / time.Since(start).Seconds()
+			close(stopChurn)
+			deleted += <-churned
 			results[profile] = append(results[profile], rate)
 			b.Logf("round %d %-18s %7.1f pods/s", r, profile, rate)
+			boundMu.Lock()
+			for _, p := range pods {
+				bound = append(bound, types.NamespacedName{Namespace: ns, Name: p.Name})
+			}
+			boundMu.Unlock()
 		}
+	}
+	if tc.churn {
+		b.Logf("%d GPU pods deleted while pods arrived", deleted)
 	}
 	mean := func(xs []float64) float64 {
 		s := 0.0
@@ -99,14 +209,32 @@ func BenchmarkSchedulingThroughput(b *testing.B) {
 	b.ReportMetric(base, "baseline-pods/s")
 	b.ReportMetric(ours, "tessera-pods/s")
 	b.ReportMetric(ours/base, "ratio")
-	b.ReportMetric(attemptP99(b, baseline)*1000, "baseline-p99-ms")
-	b.ReportMetric(attemptP99(b, tesseraScheduler)*1000, "tessera-p99-ms")
+	b.ReportMetric(attempts(b, baseline).since(before[baseline]).p99()*1000, "baseline-p99-ms")
+	b.ReportMetric(attempts(b, tesseraScheduler).since(before[tesseraScheduler]).p99()*1000, "tessera-p99-ms")
 	b.ReportMetric(0, "ns/op") // one run, not per-op
-	for _, profile := range []string{baseline, tesseraScheduler} {
+	for _, profile := range profiles {
 		for _, result := range []string{"scheduled", "unschedulable", "error"} {
 			b.Logf("%s attempts %s: %v", profile, result, gauge(b, "scheduler_schedule_attempts_total", map[string]string{"profile": profile, "result": result}))
 		}
 	}
+}
+
+// unschedulableCount is how many pods of ns the scheduler reported
+// unschedulable.
+func (c *cluster) unschedulableCount(ns string) int {
+	list, err := c.client.CoreV1().Pods(ns).List(c.ctx, metav1.ListOptions{})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	n := 0
+	for _, p := range list.Items {
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == v1.PodScheduled && cond.Status == v1.ConditionFalse {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // addPerfNode registers a node with gpus GPUs, advertised both as the plain
@@ -190,13 +318,21 @@ func perfPod(ns, name, profile string, i int, extra string) *v1.Pod {
 	}
 }
 
-// attemptP99 is the 99th percentile of scheduler_scheduling_attempt_duration_seconds
-// for a profile's successful attempts, interpolated inside its bucket.
-func attemptP99(b *testing.B, profile string) float64 {
+// attemptHistogram is a profile's scheduler_scheduling_attempt_duration_seconds
+// for successful attempts: cumulative counts by upper bound. The registry is
+// the process's, so a case takes the difference from its start (since).
+type attemptHistogram struct {
+	bounds []float64
+	counts []float64
+	total  float64
+}
+
+func attempts(b *testing.B, profile string) attemptHistogram {
 	families, err := legacyregistry.DefaultGatherer.Gather()
 	if err != nil {
 		b.Fatal(err)
 	}
+	var h attemptHistogram
 	for _, f := range families {
 		if f.GetName() != "scheduler_scheduling_attempt_duration_seconds" {
 			continue
@@ -209,25 +345,45 @@ func attemptP99(b *testing.B, profile string) float64 {
 			if labels["profile"] != profile || labels["result"] != "scheduled" {
 				continue
 			}
-			h := m.GetHistogram()
-			total := float64(h.GetSampleCount())
-			target := 0.99 * total
-			bks := h.GetBucket()
+			h.total = float64(m.GetHistogram().GetSampleCount())
+			bks := m.GetHistogram().GetBucket()
 			sort.Slice(bks, func(i, j int) bool { return bks[i].GetUpperBound() < bks[j].GetUpperBound() })
-			lower, below := 0.0, 0.0
 			for _, bk := range bks {
-				n := float64(bk.GetCumulativeCount())
-				if n >= target {
-					if n == below {
-						return bk.GetUpperBound()
-					}
-					return lower + (bk.GetUpperBound()-lower)*(target-below)/(n-below)
-				}
-				lower, below = bk.GetUpperBound(), n
+				h.bounds = append(h.bounds, bk.GetUpperBound())
+				h.counts = append(h.counts, float64(bk.GetCumulativeCount()))
 			}
-			return math.Inf(1)
 		}
 	}
-	b.Fatalf("no scheduling attempts recorded for profile %s", profile)
-	return 0
+	return h
+}
+
+// since is the histogram of the attempts after earlier.
+func (h attemptHistogram) since(earlier attemptHistogram) attemptHistogram {
+	out := attemptHistogram{bounds: h.bounds, counts: append([]float64(nil), h.counts...), total: h.total - earlier.total}
+	if len(earlier.counts) == len(h.counts) {
+		for i := range out.counts {
+			out.counts[i] -= earlier.counts[i]
+		}
+	}
+	return out
+}
+
+// p99 is the 99th percentile, interpolated inside its bucket (+Inf when
+// there were no attempts).
+func (h attemptHistogram) p99() float64 {
+	if h.total <= 0 {
+		return math.Inf(1)
+	}
+	target := 0.99 * h.total
+	lower, below := 0.0, 0.0
+	for i, n := range h.counts {
+		if n >= target && n > 0 {
+			if n == below {
+				return h.bounds[i]
+			}
+			return lower + (h.bounds[i]-lower)*(target-below)/(n-below)
+		}
+		lower, below = h.bounds[i], n
+	}
+	return math.Inf(1)
 }
