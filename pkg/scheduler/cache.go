@@ -162,6 +162,7 @@ func (c *Cache) SetNode(raw string, inv *gpu.NodeInventory) ([]string, error) {
 	// Running pods first, so a refused record never takes a place one of
 	// them holds.
 	var refused []*podRecord
+	var live int64 // the node's liveSlots
 	for uid, rec := range c.pods {
 		if rec.assignment.Node != inv.Node {
 			continue
@@ -175,6 +176,9 @@ func (c *Cache) SetNode(raw string, inv *gpu.NodeInventory) ([]string, error) {
 			continue
 		}
 		rec.booked = true
+		if !rec.awaitingReclaim {
+			live += slots(rec.assignment)
+		}
 		if n.AddAssignment(rec.assignment, 0, 0, c.oversub) != nil {
 			n.ForceAssignment(rec.assignment, 0, 0)
 			overfull = append(overfull, rec.name)
@@ -183,6 +187,7 @@ func (c *Cache) SetNode(raw string, inv *gpu.NodeInventory) ([]string, error) {
 	for _, rec := range refused {
 		if n.AddAssignment(rec.assignment, 0, 0, c.oversub) == nil {
 			rec.booked, rec.refused = true, false
+			live += slots(rec.assignment)
 		}
 	}
 	// GPUs the node no longer reports (or reports as another index or
@@ -197,12 +202,6 @@ func (c *Cache) SetNode(raw string, inv *gpu.NodeInventory) ([]string, error) {
 			if !now[gpuSeries(&g)] {
 				left = append(left, g)
 			}
-		}
-	}
-	var live int64
-	for _, rec := range c.pods {
-		if rec.booked && !rec.awaitingReclaim && rec.assignment.Node == inv.Node {
-			live += slots(rec.assignment)
 		}
 	}
 	c.nodes[inv.Node] = &nodeState{node: n, raw: raw, reclaimed: reclaimed, liveSlots: live}
@@ -572,19 +571,23 @@ type ReclaimingVictim struct {
 	Preemptor types.UID
 }
 
-// Reclaiming lists a node's victims awaiting reclaim: the slices their
+// Reclaiming lists, by node, the victims awaiting reclaim: the slices their
 // preemptors are about to get, which a preemption must count as freed for
-// them rather than choose more victims.
-func (c *Cache) Reclaiming(node string) []ReclaimingVictim {
+// them rather than choose more victims. One pass over the pods serves every
+// node a preemption looks at.
+func (c *Cache) Reclaiming() map[string][]ReclaimingVictim {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	var out []ReclaimingVictim
+	out := map[string][]ReclaimingVictim{}
 	for _, rec := range c.pods {
-		if rec.awaitingReclaim && rec.booked && rec.assignment.Node == node {
-			out = append(out, ReclaimingVictim{Assignment: rec.assignment, Preemptor: rec.preemptor})
+		if rec.awaitingReclaim && rec.booked {
+			node := rec.assignment.Node
+			out[node] = append(out[node], ReclaimingVictim{Assignment: rec.assignment, Preemptor: rec.preemptor})
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Preemptor < out[j].Preemptor })
+	for _, vs := range out {
+		sort.Slice(vs, func(i, j int) bool { return vs[i].Preemptor < vs[j].Preemptor })
+	}
 	return out
 }
 

@@ -101,6 +101,7 @@ func (p *Plugin) preemptionView(preemptor *v1.Pod, pods []*v1.Pod, pdbs []*polic
 		}
 	}
 	v := &preemptionView{now: now, pdbs: pdbs}
+	reclaiming := p.cache.Reclaiming()
 	for _, name := range p.cache.NodeNames() {
 		if st := statuses.Get(name); st == nil || st.Code() != fwk.Unschedulable || st.Plugin() != Name {
 			continue
@@ -109,7 +110,7 @@ func (p *Plugin) preemptionView(preemptor *v1.Pod, pods []*v1.Pod, pdbs []*polic
 		if usage == nil {
 			continue
 		}
-		nv := nodeView{name: name, usage: usage, reclaiming: p.cache.Reclaiming(name)}
+		nv := nodeView{name: name, usage: usage, reclaiming: reclaiming[name]}
 		for _, q := range byNode[name] {
 			if q.Spec.NodeName == "" {
 				np := nominatedPreemptor{pod: q}
