@@ -72,17 +72,16 @@ func placeAll(t *testing.T, d *datadriven.TestData, invs []*gpu.NodeInventory) s
 			continue
 		}
 		name, kv := fields(t, d, line)
-		c := gpu.ContainerRequest{Name: "m", GPUs: atoi(t, d, kv["gpus"], "1"), MemoryMiB: int64(atoi(t, d, kv["mem"], "0")), CoresPercent: atoi(t, d, kv["cores"], "0")}
-		gr := &gpu.Request{Containers: []gpu.ContainerRequest{c}}
+		c := Container{Name: "m", Count: atoi(t, d, kv["gpus"], "1"), MemoryMiB: int64(atoi(t, d, kv["mem"], "0")), Cores: atoi(t, d, kv["cores"], "0") * gpu.CoresPerGPU / 100}
+		c.Whole = c.MemoryMiB == 0 && c.Cores == 0
+		r := &Request{Sharing: gpu.ModeAuto, Containers: []Container{c}}
 		switch kv["mode"] {
 		case "ts":
-			gr.Sharing = gpu.ModeTimeSlicing
+			r.Sharing = gpu.ModeTimeSlicing
 		case "mps":
-			gr.Sharing = gpu.ModeMPS
+			r.Sharing = gpu.ModeMPS
 		}
-		cfg := config.Default().Allocator
-		r, err := Compile(gr, &cfg)
-		if err != nil {
+		if err := r.Check(); err != nil {
 			return fmt.Sprintf("%s: %v", name, err)
 		}
 		events = append(events, goldenEvent{pod: name, req: r})

@@ -17,11 +17,11 @@ import (
 func TestMemoryHardPlacesOnlyWhereTheKernelHoldsMemory(t *testing.T) {
 	kernel := &gpu.IsolationOffer{KernelMemoryLimits: true}
 	mpsAndKernel := &gpu.IsolationOffer{KernelMemoryLimits: true, MPSLimits: true}
-	hard := func(r *gpu.Request) *gpu.Request { r.MemoryHard = true; return r }
+	hard := func(r *Request) *Request { r.MemoryHard = true; return r }
 	tests := []struct {
 		name   string
 		gpus   []gpu.Device // Index, UUID, memory filled in
-		req    *gpu.Request
+		req    *Request
 		want   []grantSummary
 		reason string
 	}{
@@ -52,7 +52,7 @@ func TestMemoryHardPlacesOnlyWhereTheKernelHoldsMemory(t *testing.T) {
 		{
 			name: "whole GPUs qualify anywhere",
 			gpus: []gpu.Device{{}, {}},
-			req:  hard(&gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1}}}),
+			req:  hard(whole(1)),
 			want: []grantSummary{{0, 81920, 1000, gpu.ModeExclusive}},
 		},
 	}
@@ -69,7 +69,7 @@ func TestMemoryHardPlacesOnlyWhereTheKernelHoldsMemory(t *testing.T) {
 			}
 			a := newAllocator(t, config.PolicyBinpack, 1.0)
 			var p Placement
-			why := a.Place(n, compile(t, tt.req), &p)
+			why := a.Place(n, checked(t, tt.req), &p)
 			if tt.reason != "" {
 				if why.OK() || !strings.Contains(why.String(), tt.reason) {
 					t.Fatalf("Place() = %v, want a failure containing %q", why, tt.reason)
@@ -87,23 +87,9 @@ func TestMemoryHardPlacesOnlyWhereTheKernelHoldsMemory(t *testing.T) {
 }
 
 func TestMemoryHardKeysApart(t *testing.T) {
-	a, b := compile(t, slice(8192, 20)), compile(t, &gpu.Request{Containers: slice(8192, 20).Containers, MemoryHard: true})
+	hardSlice := func() *Request { r := slice(8192, 20); r.MemoryHard = true; return r }
+	a, b := checked(t, slice(8192, 20)), checked(t, hardSlice())
 	if a.Key() == b.Key() {
 		t.Fatalf("a memory-hard request shares its key with a plain one: %s", a.Key())
-	}
-}
-
-func TestMemoryHardWithMPSIsRefused(t *testing.T) {
-	r := &gpu.Request{Containers: slice(8192, 20).Containers}
-	if err := r.ApplyAnnotations(map[string]string{gpu.AnnotationIsolation: "memory-hard", gpu.AnnotationSharing: "mps"}); err != nil {
-		t.Fatal(err)
-	}
-	cfg := config.Default().Allocator
-	_, err := Compile(r, &cfg)
-	if err == nil || !strings.Contains(err.Error(), "use time-slicing, auto or exclusive") {
-		t.Fatalf("Compile = %v, want the mps/memory-hard contradiction named", err)
-	}
-	if err := r.ApplyAnnotations(map[string]string{gpu.AnnotationIsolation: "soft"}); err == nil || !strings.Contains(err.Error(), `tessera.dev/isolation="soft"`) {
-		t.Fatalf("ApplyAnnotations(soft) = %v, want the value named", err)
 	}
 }

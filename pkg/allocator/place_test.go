@@ -38,18 +38,32 @@ func newAllocator(t testing.TB, policy config.Policy, oversub float64) *Allocato
 	return a
 }
 
-func compile(t testing.TB, r *gpu.Request) *Request {
+// checked fails the test unless r passes Check, and returns it.
+func checked(t testing.TB, r *Request) *Request {
 	t.Helper()
-	cfg := config.Default().Allocator
-	c, err := Compile(r, &cfg)
-	if err != nil {
+	if err := r.Check(); err != nil {
 		t.Fatal(err)
 	}
-	return c
+	return r
 }
 
-func slice(memMiB int64, cores int) *gpu.Request {
-	return &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "main", GPUs: 1, MemoryMiB: memMiB, CoresPercent: cores}}}
+// slice is one container asking for memMiB of one GPU and coresPercent of
+// its SMs, sharing auto: as podgpu.Request reads tessera.dev/gpu: 1,
+// gpu-memory and gpu-cores.
+func slice(memMiB int64, coresPercent int) *Request {
+	return &Request{Sharing: gpu.ModeAuto, Containers: []Container{{Name: "main", Count: 1, MemoryMiB: memMiB, Cores: coresPercent * gpu.CoresPerGPU / 100}}}
+}
+
+// whole is one container asking for n whole GPUs.
+func whole(n int) *Request {
+	return &Request{Sharing: gpu.ModeAuto, Containers: []Container{{Name: "main", Count: n, Whole: true}}}
+}
+
+// sliceIn is slice in a sharing mode (mps or time-slicing).
+func sliceIn(mode gpu.SharingMode, memMiB int64, coresPercent int) *Request {
+	r := slice(memMiB, coresPercent)
+	r.Sharing = mode
+	return r
 }
 
 type grantSummary struct {
@@ -71,14 +85,14 @@ func TestPlaceDecisionOrder(t *testing.T) {
 	tests := []struct {
 		name   string
 		mps    bool
-		before []*gpu.Request // placed first, in order
-		req    *gpu.Request
+		before []*Request // placed first, in order
+		req    *Request
 		want   []grantSummary
 		reason string // substring of the failure, "" = fits
 	}{
 		{
 			name: "no sharing asked gets a whole GPU",
-			req:  &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1}}},
+			req:  whole(1),
 			want: []grantSummary{{0, 81920, 1000, gpu.ModeExclusive}},
 		},
 		{
@@ -94,7 +108,7 @@ func TestPlaceDecisionOrder(t *testing.T) {
 		},
 		{
 			name:   "mps asked on GPUs without MPS does not fit",
-			req:    &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1, MemoryMiB: 1024, CoresPercent: 10}}, Sharing: gpu.ModeMPS},
+			req:    sliceIn(gpu.ModeMPS, 1024, 10),
 			reason: "no MPS-capable GPU",
 		},
 		{
@@ -102,31 +116,31 @@ func TestPlaceDecisionOrder(t *testing.T) {
 			// mode: a second process outside MPS could not open a context.
 			name:   "time-slicing asked never goes to an MPS-mode GPU, even a free one",
 			mps:    true,
-			before: []*gpu.Request{slice(1024, 10), slice(1024, 10)},
-			req:    &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1, MemoryMiB: 1024, CoresPercent: 10}}, Sharing: gpu.ModeTimeSlicing},
+			before: []*Request{slice(1024, 10), slice(1024, 10)},
+			req:    sliceIn(gpu.ModeTimeSlicing, 1024, 10),
 			reason: "every GPU runs MPS",
 		},
 		{
 			name:   "exclusive annotation takes a whole GPU even with a size",
-			req:    &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1, MemoryMiB: 1024, CoresPercent: 10}}, Sharing: gpu.ModeExclusive},
+			req:    &Request{Sharing: gpu.ModeExclusive, Containers: []Container{{Count: 1, Whole: true, MemoryMiB: 1024, Cores: 100}}},
 			want:   []grantSummary{{0, 81920, 1000, gpu.ModeExclusive}},
 			before: nil,
 		},
 		{
 			name:   "cores are never oversubscribed",
-			before: []*gpu.Request{slice(1024, 60), slice(1024, 60)},
+			before: []*Request{slice(1024, 60), slice(1024, 60)},
 			req:    slice(1024, 50),
 			reason: "no GPU with 1024 MiB and 50% cores free; largest fragment",
 		},
 		{
 			name:   "memory oversubscribed up to 1.5x",
-			before: []*gpu.Request{slice(61440, 10)},
+			before: []*Request{slice(61440, 10)},
 			req:    slice(61440, 10),
 			want:   []grantSummary{{0, 61440, 100, gpu.ModeTimeSlicing}},
 		},
 		{
 			name:   "no memory left at 1.5x",
-			before: []*gpu.Request{slice(81920, 10), slice(81920, 10), slice(40960, 10), slice(40960, 10)},
+			before: []*Request{slice(81920, 10), slice(81920, 10), slice(40960, 10), slice(40960, 10)},
 			req:    slice(4096, 10),
 			reason: "no GPU with 4096 MiB and 10% cores free; largest fragment 0 MiB",
 		},
@@ -142,46 +156,46 @@ func TestPlaceDecisionOrder(t *testing.T) {
 		},
 		{
 			name: "training minimum slice rounds up",
-			req:  &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1, MemoryMiB: 1024, CoresPercent: 10}}, Workload: gpu.WorkloadTraining},
+			req:  &Request{Sharing: gpu.ModeAuto, Containers: []Container{{Count: 1, MemoryMiB: 1024, Cores: 100, MinMemoryMiB: config.DefaultMinSliceTrainingMiB}}},
 			want: []grantSummary{{0, 8192, 100, gpu.ModeTimeSlicing}},
 		},
 		{
 			name: "inference minimum slice rounds up",
-			req:  &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1, MemoryMiB: 1024, CoresPercent: 10}}, Workload: gpu.WorkloadInference},
+			req:  &Request{Sharing: gpu.ModeAuto, Containers: []Container{{Count: 1, MemoryMiB: 1024, Cores: 100, MinMemoryMiB: config.DefaultMinSliceInferenceMiB}}},
 			want: []grantSummary{{0, 4096, 100, gpu.ModeTimeSlicing}},
 		},
 		{
 			name:   "model allow-list",
-			req:    &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1}}, AllowedModels: []string{"H100"}},
+			req:    &Request{Sharing: gpu.ModeAuto, Models: []string{"H100"}, Containers: []Container{{Count: 1, Whole: true}}},
 			reason: "no GPU of an allowed model (H100)",
 		},
 		{
 			name:   "node CPU",
-			req:    &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1}}, CPUMilli: 65000},
+			req:    &Request{Sharing: gpu.ModeAuto, CPUMilli: 65000, Containers: []Container{{Count: 1, Whole: true}}},
 			reason: "insufficient CPU: wants 65000m, node has 64000m free",
 		},
 		{
 			name:   "node memory",
-			req:    &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1}}, MemoryMiB: 1 << 30},
+			req:    &Request{Sharing: gpu.ModeAuto, MemoryMiB: 1 << 30, Containers: []Container{{Count: 1, Whole: true}}},
 			reason: "insufficient memory",
 		},
 		{
 			name:   "whole GPUs must be free",
-			before: []*gpu.Request{slice(1024, 10), {Containers: []gpu.ContainerRequest{{GPUs: 1}}}},
-			req:    &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1}}},
+			before: []*Request{slice(1024, 10), whole(1)},
+			req:    whole(1),
 			reason: "wants 1 whole GPU, 0 are free",
 		},
 		{
 			name: "two containers never share a GPU",
-			req: &gpu.Request{Containers: []gpu.ContainerRequest{
-				{Name: "a", GPUs: 1, MemoryMiB: 1024, CoresPercent: 10},
-				{Name: "b", GPUs: 1, MemoryMiB: 1024, CoresPercent: 10},
+			req: &Request{Sharing: gpu.ModeAuto, Containers: []Container{
+				{Name: "a", Count: 1, MemoryMiB: 1024, Cores: 100},
+				{Name: "b", Count: 1, MemoryMiB: 1024, Cores: 100},
 			}},
 			want: []grantSummary{{0, 1024, 100, gpu.ModeTimeSlicing}, {1, 1024, 100, gpu.ModeTimeSlicing}},
 		},
 		{
 			name: "CPU-only pod takes no GPU",
-			req:  &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "cpu"}}, CPUMilli: 1000},
+			req:  &Request{Sharing: gpu.ModeAuto, CPUMilli: 1000, Containers: []Container{{Name: "cpu"}}},
 		},
 	}
 	for _, tt := range tests {
@@ -190,13 +204,13 @@ func TestPlaceDecisionOrder(t *testing.T) {
 			n := testNode(t, "n", 2, 81920, tt.mps)
 			var p Placement
 			for i, b := range tt.before {
-				r := compile(t, b)
+				r := checked(t, b)
 				if why := a.Place(n, r, &p); !why.OK() {
 					t.Fatalf("setup request %d: %v", i, why)
 				}
 				n.Apply(r, &p)
 			}
-			why := a.Place(n, compile(t, tt.req), &p)
+			why := a.Place(n, checked(t, tt.req), &p)
 			if tt.reason != "" {
 				if why.OK() || !strings.Contains(why.String(), tt.reason) {
 					t.Fatalf("Place() = %v, want a failure containing %q", why, tt.reason)
@@ -219,13 +233,13 @@ func TestReasonNamesTheLargestFragment(t *testing.T) {
 	var p Placement
 	for i, mem := range []int64{12288, 16384, 16384, 8192} {
 		// Pin each filler to GPU i by placing whole-size slices in order.
-		r := compile(t, slice(mem, 10))
+		r := checked(t, slice(mem, 10))
 		if why := a.Place(n, r, &p); !why.OK() || p.Grants[0].GPU != i {
 			t.Fatalf("setup %d: %v on GPU %v", i, why, p.Grants)
 		}
 		n.Apply(r, &p)
 	}
-	why := a.Place(n, compile(t, slice(12288, 10)), &p)
+	why := a.Place(n, checked(t, slice(12288, 10)), &p)
 	want := "no GPU with 12288 MiB and 10% cores free; largest fragment 8192 MiB and 90% cores on GPU 3"
 	if why.String() != want {
 		t.Errorf("reason = %q, want %q", why, want)
@@ -252,10 +266,10 @@ func TestWholeGPUsPreferNVLinkClique(t *testing.T) {
 	}
 	a := newAllocator(t, config.PolicyBinpack, 1.0)
 	var p Placement
-	one := compile(t, &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 1}}})
+	one := checked(t, whole(1))
 	a.Place(n, one, &p)
 	n.Apply(one, &p)
-	if why := a.Place(n, compile(t, &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 4}}}), &p); !why.OK() {
+	if why := a.Place(n, checked(t, whole(4)), &p); !why.OK() {
 		t.Fatal(why)
 	}
 	var got []int
@@ -272,11 +286,11 @@ func TestUnhealthyGPUIsNotPlacedOn(t *testing.T) {
 	n := testNode(t, "n", 2, 16384, false)
 	n.SetHealthy("n-GPU-0", false)
 	var p Placement
-	if why := a.Place(n, compile(t, slice(1024, 10)), &p); !why.OK() || p.Grants[0].GPU != 1 {
+	if why := a.Place(n, checked(t, slice(1024, 10)), &p); !why.OK() || p.Grants[0].GPU != 1 {
 		t.Fatalf("Place() = %v on %v, want GPU 1", why, p.Grants)
 	}
 	n.SetHealthy("n-GPU-1", false)
-	if why := a.Place(n, compile(t, slice(1024, 10)), &p); why.Code != NoHealthyGPU {
+	if why := a.Place(n, checked(t, slice(1024, 10)), &p); why.Code != NoHealthyGPU {
 		t.Fatalf("Place() = %v, want NoHealthyGPU", why)
 	}
 }
@@ -285,7 +299,7 @@ func TestChooseAndExplain(t *testing.T) {
 	a := newAllocator(t, config.PolicyBinpack, 1.0)
 	nodes := []*Node{testNode(t, "a", 1, 16384, false), testNode(t, "b", 1, 16384, false)}
 	var p Placement
-	half := compile(t, slice(8192, 50))
+	half := checked(t, slice(8192, 50))
 	// Binpack: the second half-GPU pod joins the first on the same node.
 	first := a.Choose(nodes, half, &p)
 	nodes[first].Apply(half, &p)
@@ -294,7 +308,7 @@ func TestChooseAndExplain(t *testing.T) {
 		t.Fatalf("binpack chose %d then %d, want 0 and 0", first, second)
 	}
 	nodes[second].Apply(half, &p)
-	whole2 := compile(t, &gpu.Request{Containers: []gpu.ContainerRequest{{GPUs: 2}}})
+	whole2 := checked(t, whole(2))
 	if got := a.Choose(nodes, whole2, &p); got != -1 {
 		t.Fatalf("Choose() = %d, want -1", got)
 	}
@@ -308,7 +322,7 @@ func TestAddAssignmentRebuildsUsageAndRefusesCorruption(t *testing.T) {
 	a := newAllocator(t, config.PolicyBinpack, 1.0)
 	n := testNode(t, "n", 2, 16384, true)
 	var p Placement
-	r := compile(t, slice(4096, 20))
+	r := checked(t, slice(4096, 20))
 	a.Place(n, r, &p)
 	rec := n.Assignment(r, &p)
 	// A restarted scheduler rebuilds the node from the recorded assignment.
@@ -363,7 +377,7 @@ func TestSliceCountCapsSharing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := compile(t, slice(8192, 10))
+	r := checked(t, slice(8192, 10))
 	var recorded []*gpu.PodAssignment
 	for range 2 {
 		var p Placement

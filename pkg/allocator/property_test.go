@@ -33,36 +33,37 @@ func randomInventory(rng *rand.Rand, name string) *gpu.NodeInventory {
 	return inv
 }
 
-func randomRequest(rng *rand.Rand) *gpu.Request {
-	r := &gpu.Request{CPUMilli: 500 * rng.Int64N(33), MemoryMiB: 1024 * rng.Int64N(65)}
+// randomRequest draws a request of the shapes podgpu.Request produces:
+// whole GPUs, slices sized by memory, cores or both, in every sharing mode
+// and workload class.
+func randomRequest(rng *rand.Rand) *Request {
+	r := &Request{CPUMilli: 500 * rng.Int64N(33), MemoryMiB: 1024 * rng.Int64N(65)}
 	modes := []gpu.SharingMode{gpu.ModeAuto, gpu.ModeAuto, gpu.ModeMPS, gpu.ModeTimeSlicing, gpu.ModeExclusive}
 	r.Sharing = modes[rng.IntN(len(modes))]
-	r.Workload = []gpu.WorkloadClass{"", gpu.WorkloadTraining, gpu.WorkloadInference}[rng.IntN(3)]
+	minMem := []int64{0, config.DefaultMinSliceTrainingMiB, config.DefaultMinSliceInferenceMiB}[rng.IntN(3)]
 	if rng.IntN(5) == 0 {
-		r.AllowedModels = []string{models[rng.IntN(len(models))]}
+		r.Models = []string{models[rng.IntN(len(models))]}
 	}
+	sliced := r.Sharing == gpu.ModeMPS || r.Sharing == gpu.ModeTimeSlicing
 	for c := range 1 + rng.IntN(2) {
-		cr := gpu.ContainerRequest{Name: fmt.Sprintf("c%d", c)}
+		cr := Container{Name: fmt.Sprintf("c%d", c), MinMemoryMiB: minMem}
 		switch rng.IntN(4) {
 		case 0: // CPU only
-		case 1: // whole GPUs
-			cr.GPUs = 1 + rng.IntN(4)
+		case 1: // whole GPUs, or a fifth of each in a sharing mode that needs a size
+			cr.Count = 1 + rng.IntN(4)
+			if sliced {
+				cr.Cores = 200
+			}
 		default: // a slice
-			cr.GPUs = 1 + rng.IntN(2)
+			cr.Count = 1 + rng.IntN(2)
 			cr.MemoryMiB = 1024 * rng.Int64N(48)
-			cr.CoresPercent = rng.IntN(101)
-			if cr.MemoryMiB == 0 && cr.CoresPercent == 0 {
-				cr.CoresPercent = 10
+			cr.Cores = rng.IntN(101) * gpu.CoresPerGPU / 100
+			if cr.MemoryMiB == 0 && cr.Cores == 0 {
+				cr.Cores = 100
 			}
 		}
+		cr.Whole = cr.Count > 0 && ((cr.MemoryMiB == 0 && cr.Cores == 0) || r.Sharing == gpu.ModeExclusive)
 		r.Containers = append(r.Containers, cr)
-	}
-	if r.Sharing == gpu.ModeMPS || r.Sharing == gpu.ModeTimeSlicing {
-		for i := range r.Containers {
-			if r.Containers[i].GPUs > 0 && r.Containers[i].Whole() {
-				r.Containers[i].CoresPercent = 20
-			}
-		}
 	}
 	return r
 }
@@ -176,10 +177,7 @@ func TestInvariantsUnderRandomLoad(t *testing.T) {
 				cfg.MemoryOversubscription = oversub
 				var counts []ShapeCount
 				for range 10 {
-					r, err := Compile(randomRequest(rng), &cfg)
-					if err != nil {
-						t.Fatal(err)
-					}
+					r := checked(t, randomRequest(rng))
 					counts = append(counts, ShapeCount{Request: r, Count: float64(1 + rng.IntN(20))})
 				}
 				w, err := NewWorkload(counts, 0.95)
@@ -205,10 +203,7 @@ func TestInvariantsUnderRandomLoad(t *testing.T) {
 						checkInvariants(t, nodes, live, oversub)
 						continue
 					}
-					req, err := Compile(randomRequest(rng), &cfg)
-					if err != nil {
-						t.Fatal(err)
-					}
+					req := checked(t, randomRequest(rng))
 					for ni, n := range nodes {
 						var p, again Placement
 						why := a.Place(n, req, &p)

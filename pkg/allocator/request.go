@@ -5,7 +5,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 )
 
@@ -26,8 +25,9 @@ type Container struct {
 	MinMemoryMiB int64
 }
 
-// Request is a pod's demand as the allocator uses it. Build one with Compile,
-// or directly (the simulator does) and check it with Check.
+// Request is a pod's demand as the allocator uses it. podgpu.Request reads
+// one from a pod (its package doc maps what a user writes to these fields);
+// the simulator builds them directly and checks them with Check.
 type Request struct {
 	CPUMilli  int64
 	MemoryMiB int64
@@ -41,38 +41,9 @@ type Request struct {
 	MemoryHard bool
 }
 
-// Compile validates a pod's request and resolves it for placement: percent
-// cores become per-mille, whole and exclusive requests become Whole, and the
-// workload class selects the minimum slice.
-func Compile(r *gpu.Request, cfg *config.AllocatorConfig) (*Request, error) {
-	if err := r.Validate(); err != nil {
-		return nil, err
-	}
-	out := &Request{CPUMilli: r.CPUMilli, MemoryMiB: r.MemoryMiB, Sharing: r.Sharing, Models: r.AllowedModels, Priority: r.Priority, MemoryHard: r.MemoryHard}
-	if out.Sharing == gpu.ModeNone {
-		out.Sharing = gpu.ModeAuto
-	}
-	var minMem int64
-	switch r.Workload {
-	case gpu.WorkloadTraining:
-		minMem = cfg.MinSliceMiB.Training
-	case gpu.WorkloadInference:
-		minMem = cfg.MinSliceMiB.Inference
-	}
-	for _, c := range r.Containers {
-		out.Containers = append(out.Containers, Container{
-			Name:         c.Name,
-			Count:        c.GPUs,
-			Whole:        c.GPUs > 0 && (c.Whole() || r.Sharing == gpu.ModeExclusive),
-			MemoryMiB:    c.MemoryMiB,
-			Cores:        c.CoresPercent * gpu.CoresPerGPU / 100,
-			MinMemoryMiB: minMem,
-		})
-	}
-	return out, out.Check()
-}
-
-// Check validates a request built directly.
+// Check validates a request built directly (the simulator builds them from
+// its traces). Requests from pods come from podgpu.Request, which validates
+// them in the user's terms and always returns one that passes Check.
 func (r *Request) Check() error {
 	if r.CPUMilli < 0 || r.MemoryMiB < 0 {
 		return fmt.Errorf("%w: negative cpu (%d) or memory (%d)", gpu.ErrInvalid, r.CPUMilli, r.MemoryMiB)

@@ -152,54 +152,26 @@ func TestInventoryValidate(t *testing.T) {
 	}
 }
 
-func TestRequestValidate(t *testing.T) {
-	tests := []struct {
-		name    string
-		req     Request
-		wantErr string
-	}{
-		{"whole", Request{Containers: []ContainerRequest{{GPUs: 2}}}, ""},
-		{"fraction", Request{Containers: []ContainerRequest{{GPUs: 1, MemoryMiB: 4096, CoresPercent: 30}}, Sharing: ModeMPS}, ""},
-		{"cores over 100", Request{Containers: []ContainerRequest{{Name: "main", GPUs: 1, CoresPercent: 101}}}, "container main: tessera.dev/gpu-cores=101"},
-		{"memory without gpu", Request{Containers: []ContainerRequest{{GPUs: 0, MemoryMiB: 1}}}, "but tessera.dev/gpu is 0"},
-		{"negative gpus", Request{Containers: []ContainerRequest{{GPUs: -1}}}, "is negative"},
-		{"mps without size", Request{Containers: []ContainerRequest{{GPUs: 1}}, Sharing: ModeMPS}, "needs tessera.dev/gpu-memory"},
-		{"unknown mode", Request{Sharing: "share-all"}, "unknown sharing mode"},
-		{"negative cpu", Request{CPUMilli: -1}, "cpu request -1m"},
+func TestParseAnnotations(t *testing.T) {
+	if m, err := ParseSharingMode("mps"); err != nil || m != ModeMPS {
+		t.Errorf("ParseSharingMode(mps) = %q, %v", m, err)
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			err := tt.req.Validate()
-			if tt.wantErr == "" {
-				if err != nil {
-					t.Fatalf("Validate() = %v, want nil", err)
-				}
-				return
-			}
-			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-				t.Fatalf("Validate() = %v, want it to contain %q", err, tt.wantErr)
-			}
-		})
+	if m, err := ParseSharingMode(""); err != nil || m != ModeAuto {
+		t.Errorf("ParseSharingMode() = %q, %v; want auto", m, err)
 	}
-}
-
-func TestApplyAnnotations(t *testing.T) {
-	var r Request
-	err := r.ApplyAnnotations(map[string]string{AnnotationSharing: "mps", AnnotationWorkload: "training", AnnotationGPUModel: "A100, H100|A100"})
-	if err != nil {
-		t.Fatal(err)
+	if w, err := ParseWorkloadClass("training"); err != nil || w != WorkloadTraining {
+		t.Errorf("ParseWorkloadClass(training) = %q, %v", w, err)
 	}
-	want := Request{Sharing: ModeMPS, Workload: WorkloadTraining, AllowedModels: []string{"A100", "H100"}}
-	if diff := cmp.Diff(want, r); diff != "" {
-		t.Errorf("(-want +got):\n%s", diff)
+	if models, err := ParseModelList("A100, H100|A100"); err != nil || !cmp.Equal(models, []string{"A100", "H100"}) {
+		t.Errorf("ParseModelList = %q, %v", models, err)
 	}
-	for _, bad := range []map[string]string{
-		{AnnotationSharing: "shared"},
-		{AnnotationWorkload: "batch"},
-		{AnnotationGPUModel: ", |"},
+	for _, bad := range []func() error{
+		func() error { _, err := ParseSharingMode("shared"); return err },
+		func() error { _, err := ParseWorkloadClass("batch"); return err },
+		func() error { _, err := ParseModelList(", |"); return err },
 	} {
-		if err := new(Request).ApplyAnnotations(bad); err == nil || !errors.Is(err, ErrInvalid) {
-			t.Errorf("ApplyAnnotations(%v) = %v, want an ErrInvalid", bad, err)
+		if err := bad(); err == nil || !errors.Is(err, ErrInvalid) {
+			t.Errorf("%v, want an ErrInvalid", err)
 		}
 	}
 }

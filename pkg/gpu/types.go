@@ -104,44 +104,6 @@ type NodeInventory struct {
 // within seconds of a change, so a short memory suffices.
 const MaxReclaimed = 64
 
-// ContainerRequest is the GPU part of one container's resources.
-type ContainerRequest struct {
-	Name string `json:"name,omitempty"`
-	// GPUs is the number of GPUs (tessera.dev/gpu); 0 means no GPU.
-	GPUs int `json:"gpus"`
-	// MemoryMiB per GPU; 0 means "not given".
-	MemoryMiB int64 `json:"memoryMiB,omitempty"`
-	// CoresPercent per GPU, 1–100; 0 means "not given".
-	CoresPercent int `json:"coresPercent,omitempty"`
-}
-
-// Whole reports whether the container wants whole GPUs: neither memory nor cores given.
-func (c ContainerRequest) Whole() bool { return c.MemoryMiB == 0 && c.CoresPercent == 0 }
-
-// Request is a pod's demand. Sharing, workload, models and priority come from pod
-// annotations and the pod spec, so they apply to every container of the pod.
-type Request struct {
-	Containers    []ContainerRequest `json:"containers"`
-	CPUMilli      int64              `json:"cpuMilli,omitempty"`
-	MemoryMiB     int64              `json:"memoryMiB,omitempty"`
-	Sharing       SharingMode        `json:"sharing,omitempty"`
-	Workload      WorkloadClass      `json:"workload,omitempty"`
-	AllowedModels []string           `json:"allowedModels,omitempty"`
-	Priority      int32              `json:"priority,omitempty"`
-	// MemoryHard: tessera.dev/isolation=memory-hard; slices only where the
-	// kernel holds their memory.
-	MemoryHard bool `json:"memoryHard,omitempty"`
-}
-
-// GPUCount is the number of GPUs the pod asks for over all its containers.
-func (r *Request) GPUCount() int {
-	n := 0
-	for _, c := range r.Containers {
-		n += c.GPUs
-	}
-	return n
-}
-
 // GPUGrant is what one container got on one GPU.
 type GPUGrant struct {
 	UUID      string `json:"uuid"`

@@ -79,67 +79,6 @@ func ParseModelList(s string) ([]string, error) {
 	return models, nil
 }
 
-// ApplyAnnotations fills the pod-level fields of r from a pod's annotations.
-func (r *Request) ApplyAnnotations(annotations map[string]string) error {
-	var err error
-	if r.Sharing, err = ParseSharingMode(annotations[AnnotationSharing]); err != nil {
-		return err
-	}
-	if r.Workload, err = ParseWorkloadClass(annotations[AnnotationWorkload]); err != nil {
-		return err
-	}
-	if r.AllowedModels, err = ParseModelList(annotations[AnnotationGPUModel]); err != nil {
-		return err
-	}
-	if r.MemoryHard, err = ParseIsolation(annotations[AnnotationIsolation]); err != nil {
-		return err
-	}
-	return nil
-}
-
-// Validate checks a request for values no GPU could ever satisfy or that
-// contradict each other. Each error names the container and resource at fault.
-func (r *Request) Validate() error {
-	if r.CPUMilli < 0 {
-		return invalidf("cpu request %dm is negative", r.CPUMilli)
-	}
-	if r.MemoryMiB < 0 {
-		return invalidf("memory request %dMiB is negative", r.MemoryMiB)
-	}
-	switch r.Sharing {
-	case ModeNone, ModeAuto, ModeExclusive, ModeMPS, ModeTimeSlicing:
-	default:
-		return invalidf("%s=%s: unknown sharing mode", AnnotationSharing, Quote(string(r.Sharing)))
-	}
-	switch r.Workload {
-	case WorkloadUnspecified, WorkloadTraining, WorkloadInference:
-	default:
-		return invalidf("%s=%s: unknown workload class", AnnotationWorkload, Quote(string(r.Workload)))
-	}
-	if r.MemoryHard && r.Sharing == ModeMPS {
-		return invalidf("%s=%s with %s=mps: MPS slices' memory is not held by the kernel; use time-slicing, auto or exclusive", AnnotationIsolation, IsolationMemoryHard, AnnotationSharing)
-	}
-	for i, c := range r.Containers {
-		name := c.Name
-		if name == "" {
-			name = fmt.Sprintf("#%d", i)
-		}
-		switch {
-		case c.GPUs < 0:
-			return invalidf("container %s: %s=%d is negative", name, ResourceGPU, c.GPUs)
-		case c.MemoryMiB < 0:
-			return invalidf("container %s: %s=%d is negative", name, ResourceMemory, c.MemoryMiB)
-		case c.CoresPercent < 0 || c.CoresPercent > 100:
-			return invalidf("container %s: %s=%d: must be 1–100 (percent of one GPU's SMs)", name, ResourceCores, c.CoresPercent)
-		case c.GPUs == 0 && !c.Whole():
-			return invalidf("container %s: asks for %s or %s but %s is 0", name, ResourceMemory, ResourceCores, ResourceGPU)
-		case c.GPUs > 0 && c.Whole() && (r.Sharing == ModeMPS || r.Sharing == ModeTimeSlicing):
-			return invalidf("container %s: %s=%s needs %s or %s to size the slice", name, AnnotationSharing, r.Sharing, ResourceMemory, ResourceCores)
-		}
-	}
-	return nil
-}
-
 // Validate checks an inventory: unique indices and UUIDs, positive sizes, NVLink
 // peers that exist.
 func (n *NodeInventory) Validate() error {

@@ -1,8 +1,43 @@
 // Package podgpu translates between Kubernetes pods and Tessera's domain
 // types: it reads a pod's GPU request from its containers' tessera.dev
 // resources and annotations, and reads or writes the scheduler's assignment
-// annotation. The scheduler plugin and the node agent both use it, so both
-// sides read a pod the same way.
+// annotation. The scheduler plugin, `tessera top` and the soak read a pod's
+// request here; the node agent reads assignments here, so every side reads a
+// pod the same way.
+//
+// # From what the user wrote to what the allocator places
+//
+// Request is the one road from a pod to an allocator.Request: it parses and
+// validates in one pass, phrasing every refusal for the pod's owner (wrapping
+// gpu.ErrInvalid), and what it returns always passes allocator.Request.Check.
+// The mapping:
+//
+//	the pod says (per container)          allocator.Container
+//	tessera.dev/gpu: N                    Count N (0–64; no container without it may name the others)
+//	neither gpu-memory nor gpu-cores      Whole: N entire GPUs, exclusively
+//	tessera.dev/gpu-memory: M             MemoryMiB M per GPU (1 MiB – 1 TiB)
+//	tessera.dev/gpu-cores: P              Cores P×10 per-mille of each GPU's SMs (P is 1–100)
+//	only one of the two                   the other follows the GPU placed on: memory
+//	                                      in proportion to cores, or cores to memory
+//
+//	the pod says (for all containers)     allocator.Request
+//	tessera.dev/sharing: exclusive        every GPU container Whole; a size given then
+//	                                      asks for GPUs with at least that memory
+//	tessera.dev/sharing: mps|time-slicing Sharing; each GPU container must give a size
+//	tessera.dev/sharing absent or auto    Sharing auto: the GPU's mode decides
+//	tessera.dev/workload: training        every container's MinMemoryMiB = the scheduler
+//	tessera.dev/workload: inference       config's minSliceMiB.training (…inference): a
+//	                                      smaller slice is rounded up to it, and whole
+//	                                      GPUs smaller than it are not chosen
+//	tessera.dev/gpu-model: A,B            Models (any of them; absent means any model)
+//	tessera.dev/isolation: memory-hard    MemoryHard (not with sharing=mps)
+//	spec.priority                         Priority
+//
+// A request and a limit of the same resource must be equal when both are
+// given, and must be whole numbers. Init containers may not ask for GPUs.
+// The pod's CPU and memory are not the allocator's business on this road:
+// kube-scheduler's NodeResourcesFit checks them (CPUMilli and MemoryMiB stay
+// 0; the simulator, which has no kube-scheduler, fills them from its traces).
 //
 // It imports only k8s.io/api and k8s.io/apimachinery, never k8s.io/kubernetes.
 package podgpu
@@ -13,11 +48,20 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 )
 
 // resourceNames are the per-container resources of the user-facing contract.
 var resourceNames = [...]v1.ResourceName{gpu.ResourceGPU, gpu.ResourceMemory, gpu.ResourceCores}
+
+// Upper bounds of the per-container quantities, beyond which no GPU could
+// ever serve the request.
+const (
+	maxMemoryMiB = 1 << 20 // 1 TiB per GPU
+	maxCores     = 100     // percent of one GPU's SMs
+)
 
 // WantsGPU reports whether any container of the pod names a tessera.dev
 // resource. Pods that do not are none of Tessera's business.
@@ -47,58 +91,116 @@ func containerNames(c *v1.Container) bool {
 	return false
 }
 
-// Request reads the pod's GPU request. It returns an error wrapping
-// gpu.ErrInvalid, phrased for the pod's owner, when the request is malformed:
-// a non-integer or out-of-range quantity, requests and limits that differ, an
-// init container asking for GPUs, an unknown annotation value, or fields that
-// contradict each other. Containers without GPU resources are kept (GPUs 0)
+// Request reads the pod's GPU request and resolves it for placement (the
+// package doc gives the mapping). minSlice comes from the scheduler's config
+// (allocator.minSliceMiB). It returns an error wrapping gpu.ErrInvalid,
+// phrased for the pod's owner, when the request is malformed: a non-integer
+// or out-of-range quantity, requests and limits that differ, an init
+// container asking for GPUs, an unknown annotation value, or fields that
+// contradict each other. Containers without GPU resources are kept (Count 0)
 // so that container positions match the pod spec.
-func Request(pod *v1.Pod) (*gpu.Request, error) {
+func Request(pod *v1.Pod, minSlice config.MinSlice) (*allocator.Request, error) {
 	for i := range pod.Spec.InitContainers {
 		if containerNames(&pod.Spec.InitContainers[i]) {
 			return nil, fmt.Errorf("%w: init container %s asks for tessera.dev resources; only regular containers can hold GPUs",
 				gpu.ErrInvalid, pod.Spec.InitContainers[i].Name)
 		}
 	}
-	r := &gpu.Request{Containers: make([]gpu.ContainerRequest, len(pod.Spec.Containers))}
-	for i := range pod.Spec.Containers {
-		c := &pod.Spec.Containers[i]
-		cr := gpu.ContainerRequest{Name: c.Name}
-		var err error
-		var n int64
-		if n, err = quantity(c, gpu.ResourceGPU, 1<<10); err != nil {
-			return nil, err
-		}
-		cr.GPUs = int(n)
-		if cr.MemoryMiB, err = quantity(c, gpu.ResourceMemory, 1<<30); err != nil {
-			return nil, err
-		}
-		if n, err = quantity(c, gpu.ResourceCores, 1<<10); err != nil {
-			return nil, err
-		}
-		cr.CoresPercent = int(n)
-		// 0 would read as "not given", which means something else (a
-		// whole GPU, or cores matching the memory): say so instead.
-		if given(c, gpu.ResourceCores) && cr.CoresPercent == 0 {
-			return nil, fmt.Errorf("%w: container %s: %s=0: must be 1–100 (percent of one GPU's SMs); leave it out to get the share matching %s, or a whole GPU",
-				gpu.ErrInvalid, c.Name, gpu.ResourceCores, gpu.ResourceMemory)
-		}
-		if given(c, gpu.ResourceMemory) && cr.MemoryMiB == 0 {
-			return nil, fmt.Errorf("%w: container %s: %s=0: must be at least 1 (MiB per GPU); leave it out to get the memory matching %s, or a whole GPU",
-				gpu.ErrInvalid, c.Name, gpu.ResourceMemory, gpu.ResourceCores)
-		}
-		r.Containers[i] = cr
-	}
-	if err := r.ApplyAnnotations(pod.Annotations); err != nil {
+	r := &allocator.Request{Containers: make([]allocator.Container, len(pod.Spec.Containers))}
+	minMem, err := podLevel(r, pod, minSlice)
+	if err != nil {
 		return nil, err
 	}
+	total := 0
+	for i := range pod.Spec.Containers {
+		c, err := container(&pod.Spec.Containers[i], r.Sharing)
+		if err != nil {
+			return nil, err
+		}
+		c.MinMemoryMiB = minMem
+		total += c.Count
+		r.Containers[i] = c
+	}
+	if total > allocator.MaxGPUsPerNode {
+		return nil, fmt.Errorf("%w: the pod asks for %d GPUs over its containers; no node has more than %d",
+			gpu.ErrInvalid, total, allocator.MaxGPUsPerNode)
+	}
+	return r, nil
+}
+
+// podLevel fills the fields annotations and the pod spec give for every
+// container, and returns the workload class's minimum slice.
+func podLevel(r *allocator.Request, pod *v1.Pod, minSlice config.MinSlice) (minMem int64, err error) {
+	sharing, err := gpu.ParseSharingMode(pod.Annotations[gpu.AnnotationSharing])
+	if err != nil {
+		return 0, err
+	}
+	workload, err := gpu.ParseWorkloadClass(pod.Annotations[gpu.AnnotationWorkload])
+	if err != nil {
+		return 0, err
+	}
+	switch workload {
+	case gpu.WorkloadTraining:
+		minMem = minSlice.Training
+	case gpu.WorkloadInference:
+		minMem = minSlice.Inference
+	}
+	if r.Models, err = gpu.ParseModelList(pod.Annotations[gpu.AnnotationGPUModel]); err != nil {
+		return 0, err
+	}
+	if r.MemoryHard, err = gpu.ParseIsolation(pod.Annotations[gpu.AnnotationIsolation]); err != nil {
+		return 0, err
+	}
+	if r.MemoryHard && sharing == gpu.ModeMPS {
+		return 0, fmt.Errorf("%w: %s=%s with %s=mps: MPS slices' memory is not held by the kernel; use time-slicing, auto or exclusive",
+			gpu.ErrInvalid, gpu.AnnotationIsolation, gpu.IsolationMemoryHard, gpu.AnnotationSharing)
+	}
+	r.Sharing = sharing
 	if pod.Spec.Priority != nil {
 		r.Priority = *pod.Spec.Priority
 	}
-	if err := r.Validate(); err != nil {
-		return nil, err
+	return minMem, nil
+}
+
+// container reads one container's tessera.dev resources.
+func container(c *v1.Container, sharing gpu.SharingMode) (allocator.Container, error) {
+	out := allocator.Container{Name: c.Name}
+	n, err := quantity(c, gpu.ResourceGPU, allocator.MaxGPUsPerNode)
+	if err != nil {
+		return out, err
 	}
-	return r, nil
+	mem, err := quantity(c, gpu.ResourceMemory, maxMemoryMiB)
+	if err != nil {
+		return out, err
+	}
+	cores, err := quantity(c, gpu.ResourceCores, maxCores)
+	if err != nil {
+		return out, err
+	}
+	// 0 would read as "not given", which means something else (a
+	// whole GPU, or cores matching the memory): say so instead.
+	if given(c, gpu.ResourceCores) && cores == 0 {
+		return out, fmt.Errorf("%w: container %s: %s=0: must be 1–100 (percent of one GPU's SMs); leave it out to get the share matching %s, or a whole GPU",
+			gpu.ErrInvalid, c.Name, gpu.ResourceCores, gpu.ResourceMemory)
+	}
+	if given(c, gpu.ResourceMemory) && mem == 0 {
+		return out, fmt.Errorf("%w: container %s: %s=0: must be at least 1 (MiB per GPU); leave it out to get the memory matching %s, or a whole GPU",
+			gpu.ErrInvalid, c.Name, gpu.ResourceMemory, gpu.ResourceCores)
+	}
+	sized := mem > 0 || cores > 0
+	switch {
+	case n == 0 && sized:
+		return out, fmt.Errorf("%w: container %s: asks for %s or %s but %s is 0 or absent; say how many GPUs",
+			gpu.ErrInvalid, c.Name, gpu.ResourceMemory, gpu.ResourceCores, gpu.ResourceGPU)
+	case n > 0 && !sized && (sharing == gpu.ModeMPS || sharing == gpu.ModeTimeSlicing):
+		return out, fmt.Errorf("%w: container %s: %s=%s needs %s or %s to size the slice",
+			gpu.ErrInvalid, c.Name, gpu.AnnotationSharing, sharing, gpu.ResourceMemory, gpu.ResourceCores)
+	}
+	out.Count = int(n)
+	out.Whole = n > 0 && (!sized || sharing == gpu.ModeExclusive)
+	out.MemoryMiB = mem
+	out.Cores = int(cores) * gpu.CoresPerGPU / 100
+	return out, nil
 }
 
 // Slots is how many device-plugin slots (tessera.dev/gpu) a pod's
@@ -145,9 +247,20 @@ func quantity(c *v1.Container, name v1.ResourceName, max int64) (int64, error) {
 		return 0, fmt.Errorf("%w: container %s: %s=%s must be a whole number", gpu.ErrInvalid, c.Name, name, q.String())
 	}
 	if v < 0 || v > max {
-		return 0, fmt.Errorf("%w: container %s: %s=%d is out of range (0–%d)", gpu.ErrInvalid, c.Name, name, v, max)
+		return 0, fmt.Errorf("%w: container %s: %s=%d is out of range (%s)", gpu.ErrInvalid, c.Name, name, v, rangeOf(name, max))
 	}
 	return v, nil
+}
+
+// rangeOf says what a resource accepts, in the words of its documentation.
+func rangeOf(name v1.ResourceName, max int64) string {
+	switch name {
+	case gpu.ResourceCores:
+		return "must be 1–100, percent of one GPU's SMs"
+	case gpu.ResourceMemory:
+		return fmt.Sprintf("must be 1–%d MiB per GPU", max)
+	}
+	return fmt.Sprintf("0–%d; no node has more GPUs", max)
 }
 
 // Assignment reads the scheduler's assignment from the pod, or nil when it has

@@ -10,8 +10,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 )
+
+var minSlice = config.MinSlice{Training: 8192, Inference: 4096}
 
 func pod(annotations map[string]string, containers ...v1.Container) *v1.Pod {
 	return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", Annotations: annotations}, Spec: v1.PodSpec{Containers: containers}}
@@ -29,21 +33,51 @@ func TestRequest(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		pod     *v1.Pod
-		want    *gpu.Request
+		want    *allocator.Request
 		wantErr string
 	}{
 		{
 			name: "whole GPUs and a sidecar",
 			pod:  pod(nil, ctr("main", map[string]string{gpu.ResourceGPU: "2"}), ctr("side", nil)),
-			want: &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "main", GPUs: 2}, {Name: "side"}}, Sharing: gpu.ModeAuto},
+			want: &allocator.Request{Containers: []allocator.Container{{Name: "main", Count: 2, Whole: true}, {Name: "side"}}, Sharing: gpu.ModeAuto},
 		},
 		{
 			name: "MPS slice for inference",
 			pod: pod(map[string]string{gpu.AnnotationSharing: "mps", gpu.AnnotationWorkload: "inference", gpu.AnnotationGPUModel: "H100,A100"},
 				ctr("m", map[string]string{gpu.ResourceGPU: "1", gpu.ResourceMemory: "10240", gpu.ResourceCores: "30"})),
-			want: &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "m", GPUs: 1, MemoryMiB: 10240, CoresPercent: 30}},
-				Sharing: gpu.ModeMPS, Workload: gpu.WorkloadInference, AllowedModels: []string{"H100", "A100"}},
+			want: &allocator.Request{Containers: []allocator.Container{{Name: "m", Count: 1, MemoryMiB: 10240, Cores: 300, MinMemoryMiB: 4096}},
+				Sharing: gpu.ModeMPS, Models: []string{"H100", "A100"}},
 		},
+		{
+			name: "memory only, for training, at priority 100",
+			pod: func() *v1.Pod {
+				p := pod(map[string]string{gpu.AnnotationWorkload: "training"}, ctr("m", map[string]string{gpu.ResourceGPU: "2", gpu.ResourceMemory: "4096"}))
+				prio := int32(100)
+				p.Spec.Priority = &prio
+				return p
+			}(),
+			want: &allocator.Request{Containers: []allocator.Container{{Name: "m", Count: 2, MemoryMiB: 4096, MinMemoryMiB: 8192}}, Sharing: gpu.ModeAuto, Priority: 100},
+		},
+		{
+			name: "exclusive with a size asks for whole GPUs of at least that memory",
+			pod: pod(map[string]string{gpu.AnnotationSharing: "exclusive"},
+				ctr("m", map[string]string{gpu.ResourceGPU: "1", gpu.ResourceMemory: "40960"})),
+			want: &allocator.Request{Containers: []allocator.Container{{Name: "m", Count: 1, Whole: true, MemoryMiB: 40960}}, Sharing: gpu.ModeExclusive},
+		},
+		{
+			name: "memory-hard time-sliced slice",
+			pod: pod(map[string]string{gpu.AnnotationIsolation: "memory-hard", gpu.AnnotationSharing: "time-slicing"},
+				ctr("m", map[string]string{gpu.ResourceGPU: "1", gpu.ResourceCores: "25"})),
+			want: &allocator.Request{Containers: []allocator.Container{{Name: "m", Count: 1, Cores: 250}}, Sharing: gpu.ModeTimeSlicing, MemoryHard: true},
+		},
+		{name: "memory-hard with mps", pod: pod(map[string]string{gpu.AnnotationIsolation: "memory-hard", gpu.AnnotationSharing: "mps"},
+			ctr("m", map[string]string{gpu.ResourceGPU: "1", gpu.ResourceCores: "25"})), wantErr: "use time-slicing, auto or exclusive"},
+		{name: "more GPUs than a node holds", pod: pod(nil, ctr("m", map[string]string{gpu.ResourceGPU: "65"})), wantErr: "no node has more GPUs"},
+		{name: "more GPUs over the containers than a node holds", pod: pod(nil, ctr("a", map[string]string{gpu.ResourceGPU: "40"}), ctr("b", map[string]string{gpu.ResourceGPU: "40"})),
+			wantErr: "80 GPUs over its containers"},
+		{name: "memory beyond any GPU", pod: pod(nil, ctr("m", map[string]string{gpu.ResourceGPU: "1", gpu.ResourceMemory: "2000000"})), wantErr: "must be 1–1048576 MiB"},
+		{name: "negative GPUs", pod: pod(nil, ctr("m", map[string]string{gpu.ResourceGPU: "-1"})), wantErr: "out of range"},
+		{name: "unknown workload", pod: pod(map[string]string{gpu.AnnotationWorkload: "batch"}, ctr("m", map[string]string{gpu.ResourceGPU: "1"})), wantErr: "want training or inference"},
 		{name: "cores over 100", pod: pod(nil, ctr("m", map[string]string{gpu.ResourceGPU: "1", gpu.ResourceCores: "150"})), wantErr: "must be 1–100"},
 		{name: "fractional memory", pod: pod(nil, ctr("m", map[string]string{gpu.ResourceGPU: "1", gpu.ResourceMemory: "1500m"})), wantErr: "whole number"},
 		{name: "memory without GPU count", pod: pod(nil, ctr("m", map[string]string{gpu.ResourceMemory: "4096"})), wantErr: "is 0"},
@@ -55,7 +89,7 @@ func TestRequest(t *testing.T) {
 		{name: "mps without a size", pod: pod(map[string]string{gpu.AnnotationSharing: "mps"}, ctr("m", map[string]string{gpu.ResourceGPU: "1"})), wantErr: "needs"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := Request(tc.pod)
+			got, err := Request(tc.pod, minSlice)
 			if err != nil && len(err.Error()) > 400 {
 				t.Fatalf("a %d-byte message echoes the pod's values in full", len(err.Error()))
 			}
@@ -71,6 +105,9 @@ func TestRequest(t *testing.T) {
 			if d := cmp.Diff(tc.want, got); d != "" {
 				t.Errorf("request (-want +got):\n%s", d)
 			}
+			if err := got.Check(); err != nil {
+				t.Errorf("the allocator refuses what podgpu accepted: %v", err)
+			}
 		})
 	}
 }
@@ -78,12 +115,12 @@ func TestRequest(t *testing.T) {
 func TestRequestLimitsAndRequestsMustAgree(t *testing.T) {
 	c := ctr("m", map[string]string{gpu.ResourceGPU: "1"})
 	c.Resources.Requests = v1.ResourceList{gpu.ResourceGPU: resource.MustParse("2")}
-	if _, err := Request(pod(nil, c)); err == nil || !strings.Contains(err.Error(), "differs from its limit") {
+	if _, err := Request(pod(nil, c), minSlice); err == nil || !strings.Contains(err.Error(), "differs from its limit") {
 		t.Fatalf("err = %v", err)
 	}
 	c.Resources.Limits = nil
-	r, err := Request(pod(nil, c))
-	if err != nil || r.Containers[0].GPUs != 2 {
+	r, err := Request(pod(nil, c), minSlice)
+	if err != nil || r.Containers[0].Count != 2 {
 		t.Fatalf("requests only: %+v, %v", r, err)
 	}
 }
@@ -94,7 +131,7 @@ func TestInitContainerGPUsRefused(t *testing.T) {
 	if !WantsGPU(p) {
 		t.Fatal("WantsGPU = false for an init container with a GPU")
 	}
-	if _, err := Request(p); err == nil || !strings.Contains(err.Error(), "init container init") {
+	if _, err := Request(p, minSlice); err == nil || !strings.Contains(err.Error(), "init container init") {
 		t.Fatalf("err = %v", err)
 	}
 }

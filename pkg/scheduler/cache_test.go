@@ -31,14 +31,16 @@ func testInventory(node string, gpus int, memMiB int64, mps bool) *gpu.NodeInven
 	return inv
 }
 
-func compile(t testing.TB, r *gpu.Request) *allocator.Request {
-	t.Helper()
-	cfg := config.Default().Allocator
-	req, err := allocator.Compile(r, &cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return req
+// wholeGPUs is what podgpu.Request reads from one container asking for n
+// whole GPUs (tessera.dev/gpu: n).
+func wholeGPUs(n int) *allocator.Request {
+	return &allocator.Request{Sharing: gpu.ModeAuto, Containers: []allocator.Container{{Name: "m", Count: n, Whole: true}}}
+}
+
+// sliceOf is what podgpu.Request reads from one container asking for a
+// slice of one GPU: memMiB and coresPercent of its SMs, in mode.
+func sliceOf(mode gpu.SharingMode, memMiB int64, coresPercent int) *allocator.Request {
+	return &allocator.Request{Sharing: mode, Containers: []allocator.Container{{Name: "m", Count: 1, MemoryMiB: memMiB, Cores: coresPercent * gpu.CoresPerGPU / 100}}}
 }
 
 func newAllocator(t testing.TB) *allocator.Allocator {
@@ -60,7 +62,7 @@ func TestConcurrentReserveNeverOverbooks(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := newAllocator(t)
-	req := compile(t, &gpu.Request{Sharing: gpu.ModeMPS, Containers: []gpu.ContainerRequest{{Name: "m", GPUs: 1, MemoryMiB: 8192, CoresPercent: 10}}})
+	req := sliceOf(gpu.ModeMPS, 8192, 10)
 	const pods = 200 // capacity is 8 GPUs × 10 slices of 10 %
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -191,7 +193,7 @@ func TestShrunkInventoryKeepsBookings(t *testing.T) {
 		t.Fatal("a second exclusive owner was booked")
 	}
 	a := newAllocator(t)
-	req := compile(t, &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "m", GPUs: 1}}})
+	req := wholeGPUs(1)
 	fits := func() bool {
 		reason, _, err := c.Fit(a, "n1", "whole", req)
 		if err != nil {
@@ -248,7 +250,7 @@ func TestUnreserveAfterBindKeepsTheBooking(t *testing.T) {
 	if _, err := c.SetNode("v1", testInventory("n1", 1, 81920, false)); err != nil {
 		t.Fatal(err)
 	}
-	req := compile(t, &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "m", GPUs: 1}}})
+	req := wholeGPUs(1)
 	asg, reason, err := c.Reserve(newAllocator(t), "u1", "ns/p", "n1", req)
 	if err != nil || !reason.OK() {
 		t.Fatal(reason, err)
@@ -325,7 +327,7 @@ func TestWorkloadTrackerFollowsTheMix(t *testing.T) {
 	if tr.Current() != base {
 		t.Fatal("a fresh tracker should score with the base allocator")
 	}
-	small := compile(t, &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "m", GPUs: 1, MemoryMiB: 8192, CoresPercent: 10}}})
+	small := sliceOf(gpu.ModeAuto, 8192, 10)
 	tr.Observe(small)
 	first := tr.Current()
 	if first == base {
@@ -387,7 +389,7 @@ func TestFitMemoFollowsTheNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := newAllocator(t)
-	whole := compile(t, &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "m", GPUs: 1}}})
+	whole := wholeGPUs(1)
 	reason, _, err := c.Fit(a, "n1", whole.Key(), whole)
 	if err != nil || !reason.OK() {
 		t.Fatalf("empty node: %v, %v", reason, err)
@@ -497,7 +499,7 @@ func TestFirstBoundAssignmentCounts(t *testing.T) {
 		t.Fatalf("booking moved: GPU 0 %d‰, GPU 5 %d‰", snap.GPUs[0].CoresUsed(), snap.GPUs[5].CoresUsed())
 	}
 	// Reserve's booking is only assumed: the bound pod's record wins.
-	req := compile(t, &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "m", GPUs: 1}}})
+	req := wholeGPUs(1)
 	if _, reason, err := c.Reserve(newAllocator(t), "u2", "ns/p2", "n1", req); err != nil || !reason.OK() {
 		t.Fatal(reason, err)
 	}
@@ -589,7 +591,7 @@ func TestStoppedCacheReportsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := newAllocator(t)
-	req := compile(t, &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "m", GPUs: 1, MemoryMiB: 8192, CoresPercent: 10}}})
+	req := sliceOf(gpu.ModeAuto, 8192, 10)
 	if _, r, err := c.Reserve(a, "u1", "ns/p1", "n1", req); err != nil || !r.OK() {
 		t.Fatalf("reserve: %v %v", r, err)
 	}

@@ -37,7 +37,7 @@ func (p *Plugin) onPod(logger klog.Logger, obj any, added bool) {
 		return
 	}
 	if added {
-		if req, err := p.compile(pod); err == nil {
+		if req, err := p.request(pod); err == nil {
 			p.workload.Observe(req)
 		}
 	}

@@ -287,7 +287,7 @@ func TestLiveSlotsFollowBookings(t *testing.T) {
 	if _, err := c.SetNode("v1", testInventory("n1", 4, 81920, false)); err != nil {
 		t.Fatal(err)
 	}
-	two := compile(t, &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "m", GPUs: 2}}})
+	two := wholeGPUs(2)
 	if _, r, err := c.Reserve(a, "r1", "ml/r1", "n1", two); err != nil || !r.OK() {
 		t.Fatalf("reserve: %v %v", r, err)
 	}

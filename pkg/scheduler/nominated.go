@@ -26,7 +26,7 @@ func (p *Plugin) AddPod(_ context.Context, state fwk.CycleState, _ *v1.Pod, podI
 		// A bound pod is already in the cache's view of the node.
 		return nil
 	}
-	r, err := p.compile(q)
+	r, err := p.request(q)
 	if err != nil {
 		return nil
 	}

@@ -115,7 +115,7 @@ func (p *Plugin) preemptionView(preemptor *v1.Pod, pods []*v1.Pod, pdbs []*polic
 			if q.Spec.NodeName == "" {
 				np := nominatedPreemptor{pod: q}
 				if corev1helpers.PodPriority(q) >= corev1helpers.PodPriority(preemptor) {
-					if r, err := p.compile(q); err == nil {
+					if r, err := p.request(q); err == nil {
 						np.req = r // only those the plan counts as placed
 					}
 				}

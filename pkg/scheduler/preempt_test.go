@@ -32,7 +32,7 @@ func TestSelectVictims(t *testing.T) {
 		name   string
 		fixed  []*gpu.PodAssignment // pods that may not be evicted
 		cands  []candidate
-		req    *gpu.Request
+		req    *allocator.Request
 		want   []string
 		wantOK bool
 	}{
@@ -43,13 +43,13 @@ func TestSelectVictims(t *testing.T) {
 				cand("s2-prio1-cheap", 1, 10, grant(n, 0, 16384, 400, ts)),
 				cand("whole-prio1-costly", 1, 1e6, grant(n, 1, 81920, 1000, gpu.ModeExclusive)),
 			},
-			req:  &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "m", GPUs: 1, MemoryMiB: 40960, CoresPercent: 50}}, Sharing: ts},
+			req:  sliceOf(ts, 40960, 50),
 			want: []string{"s2-prio1-cheap"}, wantOK: true,
 		},
 		{
 			name:   "room without evicting anyone: no victims",
 			cands:  []candidate{cand("small", 1, 1, grant(n, 0, 8192, 100, ts))},
-			req:    &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "m", GPUs: 1}}},
+			req:    wholeGPUs(1),
 			want:   nil,
 			wantOK: true,
 		},
@@ -57,7 +57,7 @@ func TestSelectVictims(t *testing.T) {
 			name:  "two whole GPUs cannot be freed while a pod it may not evict holds one",
 			fixed: []*gpu.PodAssignment{grant(n, 1, 81920, 1000, gpu.ModeExclusive)},
 			cands: []candidate{cand("low", 0, 1, grant(n, 0, 81920, 1000, gpu.ModeExclusive))},
-			req:   &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "m", GPUs: 2}}},
+			req:   wholeGPUs(2),
 		},
 		{
 			name: "several small victims when one GPU must be emptied",
@@ -67,7 +67,7 @@ func TestSelectVictims(t *testing.T) {
 				cand("c", 0, 1, grant(n, 0, 8192, 200, ts)),
 			},
 			fixed:  []*gpu.PodAssignment{grant(n, 1, 81920, 1000, gpu.ModeExclusive)},
-			req:    &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "m", GPUs: 1}}},
+			req:    wholeGPUs(1),
 			want:   []string{"a", "b", "c"},
 			wantOK: true,
 		},
@@ -90,7 +90,7 @@ func TestSelectVictims(t *testing.T) {
 				}
 			}
 			before := node.Clone()
-			victims, ok := selectVictims(newAllocator(t), node, compile(t, tt.req), tt.cands, 1.5)
+			victims, ok := selectVictims(newAllocator(t), node, tt.req, tt.cands, 1.5)
 			if ok != tt.wantOK {
 				t.Fatalf("ok %v, want %v", ok, tt.wantOK)
 			}

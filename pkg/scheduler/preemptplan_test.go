@@ -120,12 +120,15 @@ func (s *preemptionScene) book(d *datadriven.TestData, a *gpu.PodAssignment) {
 }
 
 func (s *preemptionScene) request(d *datadriven.TestData) *allocator.Request {
-	c := gpu.ContainerRequest{Name: "m", GPUs: int(intArg(s.t, d, "gpus", 1)), MemoryMiB: intArg(s.t, d, "mem", 0), CoresPercent: int(intArg(s.t, d, "cores", 0))}
-	r := &gpu.Request{Containers: []gpu.ContainerRequest{c}}
-	if !c.Whole() {
-		r.Sharing = modeArg(d)
+	mem, cores := intArg(s.t, d, "mem", 0), int(intArg(s.t, d, "cores", 0))
+	if mem == 0 && cores == 0 {
+		return wholeGPUs(int(intArg(s.t, d, "gpus", 1)))
 	}
-	return compile(s.t, r)
+	r := sliceOf(modeArg(d), mem, cores)
+	r.Containers[0].Count = int(intArg(s.t, d, "gpus", 1))
+	// exclusive with a size: whole GPUs of at least that memory.
+	r.Containers[0].Whole = r.Sharing == gpu.ModeExclusive
+	return r
 }
 
 func (s *preemptionScene) run(d *datadriven.TestData) string {

@@ -24,7 +24,7 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		return nil, fwk.AsStatus(err)
 	}
 	freedAt := p.cache.Freed()
-	req, err := p.compile(pod)
+	req, err := p.request(pod)
 	if err != nil {
 		unschedulable.WithLabelValues("InvalidRequest").Inc()
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
@@ -33,22 +33,18 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	return nil, nil
 }
 
-// compile reads a pod's request and checks it against the cluster: a slice
+// request reads a pod's request (podgpu.Request) and checks it against the cluster: a slice
 // larger than every GPU known would wait forever.
-func (p *Plugin) compile(pod *v1.Pod) (*allocator.Request, error) {
-	greq, err := podgpu.Request(pod)
+func (p *Plugin) request(pod *v1.Pod) (*allocator.Request, error) {
+	req, err := podgpu.Request(pod, p.cfg.MinSliceMiB)
 	if err != nil {
 		return nil, fmt.Errorf("invalid GPU request: %w", err)
 	}
 	if err := preemption.ValidateAnnotations(pod); err != nil {
 		return nil, fmt.Errorf("invalid preemption settings: %w", err)
 	}
-	req, err := allocator.Compile(greq, p.cfg)
-	if err != nil {
-		return nil, fmt.Errorf("invalid GPU request: %w", err)
-	}
 	if largest := p.cache.MaxGPUMemoryMiB(); largest > 0 {
-		for _, c := range greq.Containers {
+		for _, c := range req.Containers {
 			if c.MemoryMiB > largest {
 				return nil, fmt.Errorf("invalid GPU request: container %s asks for %s=%d MiB per GPU, but the largest GPU in the cluster has %d MiB",
 					c.Name, gpu.ResourceMemory, c.MemoryMiB, largest)

@@ -163,7 +163,7 @@ func Run(ctx context.Context, c *playground.Cluster, opts Options, log io.Writer
 	start := time.Now()
 	var faultTimes []time.Time
 	created := map[string]time.Time{}
-	requests := map[string]*gpu.Request{}
+	requests := map[string]*allocator.Request{}
 	running := map[string]bool{}
 	victims := map[string]bool{}
 	pendingRoomSince := map[string]time.Time{}
@@ -204,7 +204,7 @@ func Run(ctx context.Context, c *playground.Cluster, opts Options, log io.Writer
 			name := fmt.Sprintf("p%05d", next)
 			next++
 			pod := randomPod(rng, name)
-			if req, err := podgpu.Request(pod); err == nil {
+			if req, err := podgpu.Request(pod, cfg.MinSliceMiB); err == nil {
 				requests[name] = req
 			}
 			if _, err := client.CoreV1().Pods(Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
@@ -312,7 +312,7 @@ func touched(faults []time.Time, from, to time.Time) bool {
 
 // pendingWithRoom tracks how long each unplaced pod has waited while the
 // allocator, on the nodes as the State has them, found room for it.
-func pendingWithRoom(s State, requests map[string]*gpu.Request, since map[string]time.Time, sum *Summary) {
+func pendingWithRoom(s State, requests map[string]*allocator.Request, since map[string]time.Time, sum *Summary) {
 	cfg := config.Default().Allocator
 	a, err := allocator.New(&cfg, nil)
 	if err != nil {
@@ -339,12 +339,8 @@ func pendingWithRoom(s State, requests map[string]*gpu.Request, since map[string
 		if p.Assignment != nil || p.Deleting || p.Node != "" {
 			continue
 		}
-		req := requests[p.Name]
-		if req == nil {
-			continue
-		}
-		r, err := allocator.Compile(req, &cfg)
-		if err != nil {
+		r := requests[p.Name]
+		if r == nil {
 			continue
 		}
 		var pl allocator.Placement

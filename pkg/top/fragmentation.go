@@ -37,14 +37,10 @@ type placedPod struct {
 // fragmentation F_n(M) summed over nodes: the free GPU compute no such pod
 // can use. A booking that does not fit its node (a stale inventory) is
 // forced, as the scheduler's cache does.
-func measureFragmentation(invs []*gpu.NodeInventory, placed map[string][]placedPod, requests []*gpu.Request) Fragmentation {
+func measureFragmentation(invs []*gpu.NodeInventory, placed map[string][]placedPod, requests []*allocator.Request) Fragmentation {
 	cfg := config.Default().Allocator
 	counts := map[string]*allocator.ShapeCount{}
-	for _, r := range requests {
-		req, err := allocator.Compile(r, &cfg)
-		if err != nil {
-			continue
-		}
+	for _, req := range requests {
 		if sc := counts[req.Key()]; sc != nil {
 			sc.Count++
 		} else {

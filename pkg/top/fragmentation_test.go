@@ -4,6 +4,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 )
 
@@ -17,23 +18,23 @@ func TestMeasureFragmentation(t *testing.T) {
 	}}
 	placed := map[string][]placedPod{"n1": {{assignment: &gpu.PodAssignment{Node: "n1", Containers: []gpu.ContainerAssignment{{
 		Name: "main", Mode: gpu.ModeTimeSlicing, GPUs: []gpu.GPUGrant{{UUID: "GPU-0", Index: 0, MemoryMiB: 40960, CoresPerMille: 700}}}}}}}}
-	slice := func(mem int64, cores int) *gpu.Request {
-		return &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "main", GPUs: 1, MemoryMiB: mem, CoresPercent: cores}}}
+	slice := func(mem int64, coresPercent int) *allocator.Request {
+		return &allocator.Request{Sharing: gpu.ModeAuto, Containers: []allocator.Container{{Name: "main", Count: 1, MemoryMiB: mem, Cores: coresPercent * 10}}}
 	}
-	whole := &gpu.Request{Containers: []gpu.ContainerRequest{{Name: "main", GPUs: 1}}}
+	whole := &allocator.Request{Sharing: gpu.ModeAuto, Containers: []allocator.Container{{Name: "main", Count: 1, Whole: true}}}
 	for _, tc := range []struct {
 		name           string
-		requests       []*gpu.Request
+		requests       []*allocator.Request
 		wantFragmented float64
 	}{
 		// GPU 0's 30 % is too small for a 50 % slice: fragmented; GPU 1 is not.
-		{"half-GPU slices", []*gpu.Request{slice(20480, 50), slice(20480, 50)}, 0.3},
+		{"half-GPU slices", []*allocator.Request{slice(20480, 50), slice(20480, 50)}, 0.3},
 		// A 20 % slice fits both: nothing is fragmented.
-		{"small slices", []*gpu.Request{slice(8192, 20)}, 0},
+		{"small slices", []*allocator.Request{slice(8192, 20)}, 0},
 		// Whole GPUs: GPU 0's remainder is lost to them.
-		{"whole GPUs", []*gpu.Request{whole}, 0.3},
+		{"whole GPUs", []*allocator.Request{whole}, 0.3},
 		// Half the pods want a whole GPU, half a 20 % slice: F = ½·0.3 + ½·0.
-		{"a mix", []*gpu.Request{whole, slice(8192, 20)}, 0.15},
+		{"a mix", []*allocator.Request{whole, slice(8192, 20)}, 0.15},
 		// No GPU pod seen: no workload to measure against.
 		{"no pods", nil, 0},
 	} {

@@ -25,6 +25,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/inventory"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
@@ -181,7 +183,8 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 	byUUID := map[string]int{}
 	var invs []*gpu.NodeInventory
 	placed := map[string][]placedPod{}
-	var requests []*gpu.Request
+	var requests []*allocator.Request
+	minSlice := config.Default().Allocator.MinSliceMiB
 	for i := range nodes.Items {
 		inv, err := inventory.FromNode(&nodes.Items[i])
 		if err != nil {
@@ -204,9 +207,9 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 		if !podgpu.WantsGPU(p) || podgpu.Finished(p) {
 			continue
 		}
-		greq, reqErr := podgpu.Request(p)
+		req, reqErr := podgpu.Request(p, minSlice)
 		if reqErr == nil {
-			requests = append(requests, greq)
+			requests = append(requests, req)
 		}
 		a, err := podgpu.BoundAssignment(p)
 		if err != nil || a == nil {
@@ -229,7 +232,7 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 			continue
 		}
 		if reqErr == nil {
-			placed[a.Node] = append(placed[a.Node], placedPod{assignment: a, cpuMilli: greq.CPUMilli, memMiB: greq.MemoryMiB})
+			placed[a.Node] = append(placed[a.Node], placedPod{assignment: a, cpuMilli: req.CPUMilli, memMiB: req.MemoryMiB})
 		}
 		state := string(p.Status.Phase)
 		switch {

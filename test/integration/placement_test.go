@@ -42,11 +42,7 @@ func expectBest(t *testing.T, c *cluster, policy config.Policy, pod *v1.Pod, inv
 	if err != nil {
 		t.Fatal(err)
 	}
-	greq, err := podgpu.Request(pod)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req, err := allocator.Compile(greq, &cfg)
+	req, err := podgpu.Request(pod, cfg.MinSliceMiB)
 	if err != nil {
 		t.Fatal(err)
 	}
