@@ -25,6 +25,10 @@ const (
 	NoHardMemory
 )
 
+// NumCodes is how many codes there are (Fits included): an array indexed by
+// Code holds one entry for each.
+const NumCodes = len(codeNames)
+
 var codeNames = [...]string{"Fits", "InsufficientCPU", "InsufficientMemory", "NoAllowedModel", "NoHealthyGPU", "NotEnoughWholeGPUs", "NoFragment", "ModeConflict", "NoMPS", "SlicesFull", "NoTimeSlicing", "NoHardMemory"}
 
 func (c Code) String() string {

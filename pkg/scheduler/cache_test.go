@@ -195,7 +195,7 @@ func TestShrunkInventoryKeepsBookings(t *testing.T) {
 	a := newAllocator(t)
 	req := wholeGPUs(1)
 	fits := func() bool {
-		reason, _, err := c.Fit(a, "n1", "whole", req)
+		reason, _, err := c.Fit(a, "n1", c.Shape("whole"), req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -390,18 +390,18 @@ func TestFitMemoFollowsTheNode(t *testing.T) {
 	}
 	a := newAllocator(t)
 	whole := wholeGPUs(1)
-	reason, _, err := c.Fit(a, "n1", whole.Key(), whole)
+	reason, _, err := c.Fit(a, "n1", c.Shape(whole.Key()), whole)
 	if err != nil || !reason.OK() {
 		t.Fatalf("empty node: %v, %v", reason, err)
 	}
 	if _, reason, err := c.Reserve(a, "u1", "ns/p", "n1", whole); err != nil || !reason.OK() {
 		t.Fatal(reason, err)
 	}
-	if reason, _, _ := c.Fit(a, "n1", whole.Key(), whole); reason.OK() {
+	if reason, _, _ := c.Fit(a, "n1", c.Shape(whole.Key()), whole); reason.OK() {
 		t.Fatal("memo answered for the empty node after its GPU was booked")
 	}
 	c.Forget("u1")
-	if reason, _, _ := c.Fit(a, "n1", whole.Key(), whole); !reason.OK() {
+	if reason, _, _ := c.Fit(a, "n1", c.Shape(whole.Key()), whole); !reason.OK() {
 		t.Fatalf("after release: %v", reason)
 	}
 }

@@ -13,55 +13,68 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 )
 
-// Filter says whether the pod's GPUs fit the node.
+// Filter says whether the pod's GPUs fit the node. It runs once per node
+// per pod: the cache's memoized fit, kubelet's slot count where the
+// allocator finds room, and, where it does not, whether the cache may be
+// behind the cycle's snapshot (asked until one node says so).
 func (p *Plugin) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
-	defer observe("Filter", time.Now())
+	defer observeSince(filterDuration, time.Now())
 	s := readState(state)
 	if s == nil {
 		return nil
 	}
+	name := nodeInfo.Node().Name
 	var reason allocator.Reason
 	var err error
-	if len(s.nominated[nodeInfo.Node().Name]) > 0 {
+	if len(s.nominated) > 0 && len(s.nominated[name]) > 0 {
 		var ok bool
-		if reason, ok = p.fitWithNominated(s, nodeInfo.Node().Name); !ok {
+		if reason, ok = p.fitWithNominated(s, name); !ok {
 			err = errNoInventory
 		}
 	} else {
-		reason, _, err = p.cache.Fit(s.alloc, nodeInfo.Node().Name, s.shape, s.req)
+		reason, _, err = p.cache.Fit(s.alloc, name, s.shape, s.req)
 	}
 	if err != nil {
-		unschedulable.WithLabelValues("NoInventory").Inc()
+		rejectedNoInventory.Inc()
 		s.rejected.add("NoInventory")
-		if _, unreadable := p.unreadable.Load(nodeInfo.Node().Name); !unreadable && p.behind(nodeInfo) {
-			s.rejected.markBehind()
+		if _, unreadable := p.unreadable.Load(name); !unreadable {
+			p.noteBehind(s.rejected, nodeInfo)
 		}
-		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, p.noInventoryReason(nodeInfo.Node().Name))
+		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, p.noInventoryReason(name))
 	}
+	if !reason.OK() {
+		rejectedNodes[reason.Code].Inc()
+		s.rejected.addReason(name, reason)
+		p.noteBehind(s.rejected, nodeInfo)
+		// The message is the code's, the same on every node (the
+		// framework counts identical ones); this node's numbers go to the
+		// log, and the cluster's to PostFilter's line.
+		if logger := klog.FromContext(ctx).V(4); logger.Enabled() {
+			logger.Info("GPU pod does not fit the node", "pod", klog.KObj(pod), "node", name, "reason", reason.String())
+		}
+		return fwk.NewStatus(fwk.Unschedulable, reason.Code.Message())
+	}
+	// Only where the allocator finds room: a node it refuses needs no
+	// second look.
 	if st := slotsFit(s.slots, nodeInfo); st != nil {
 		s.rejected.add("InsufficientSlots")
 		return st
 	}
-	if !reason.OK() {
-		unschedulable.WithLabelValues(reason.Code.String()).Inc()
-		s.rejected.addReason(nodeInfo.Node().Name, reason)
-		if p.behind(nodeInfo) {
-			s.rejected.markBehind()
-		}
-		// The message is the code's, the same on every node (the
-		// framework counts identical ones); this node's numbers go to the
-		// log, and the cluster's to PostFilter's line.
-		klog.FromContext(ctx).V(4).Info("GPU pod does not fit the node", "pod", klog.KObj(pod), "node", nodeInfo.Node().Name, "reason", reason.String())
-		return fwk.NewStatus(fwk.Unschedulable, reason.Code.Message())
-	}
 	return nil
 }
 
-// behind says whether the cache may not yet have applied a change the
-// scheduler's snapshot of the node shows (see Cache.Behind).
-func (p *Plugin) behind(nodeInfo fwk.NodeInfo) bool {
+// noteBehind marks the cycle's rejections when the cache may not yet have
+// applied a change the scheduler's snapshot of the node shows (see
+// Cache.Behind): the pod then waits for the handler's activation, since the
+// queue's hints fired before the cache caught up.
+func (p *Plugin) noteBehind(r *rejections, nodeInfo fwk.NodeInfo) {
+	if r == nil || r.behind.Load() {
+		return
+	}
 	n := nodeInfo.Node()
-	return p.cache.Behind(n.Name, nodeInfo.GetRequested().GetScalarResources()[gpu.ResourceGPU], n.Annotations[gpu.AnnotationInventory])
+	if p.cache.Behind(n.Name, nodeInfo.GetRequested().GetScalarResources()[gpu.ResourceGPU], n.Annotations[gpu.AnnotationInventory]) {
+		r.behind.Store(true)
+	}
 }
 
 // reasonInsufficientSlots is the Filter reason when kubelet has too few
@@ -79,7 +92,7 @@ func slotsFit(want int64, nodeInfo fwk.NodeInfo) *fwk.Status {
 	}
 	free := nodeInfo.GetAllocatable().GetScalarResources()[gpu.ResourceGPU] - nodeInfo.GetRequested().GetScalarResources()[gpu.ResourceGPU]
 	if want > free {
-		unschedulable.WithLabelValues("InsufficientSlots").Inc()
+		rejectedSlots.Inc()
 		return fwk.NewStatus(fwk.Unschedulable, reasonInsufficientSlots)
 	}
 	return nil

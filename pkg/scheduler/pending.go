@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"sync"
+	"sync/atomic"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -22,26 +23,9 @@ type rejections struct {
 	counts map[string]int
 	tally  allocator.Tally
 	// behind: on some node the cache may not yet have applied a change the
-	// scheduler's snapshot shows (Cache.Behind).
-	behind bool
-}
-
-func (r *rejections) markBehind() {
-	if r == nil {
-		return
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.behind = true
-}
-
-func (r *rejections) wasBehind() bool {
-	if r == nil {
-		return false
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.behind
+	// scheduler's snapshot shows (Cache.Behind), so a refusal may be the
+	// cache's lag, not the cluster's state. Once set, Filter asks no more.
+	behind atomic.Bool
 }
 
 func (r *rejections) add(reason string) {
@@ -61,9 +45,12 @@ func (r *rejections) addReason(node string, reason allocator.Reason) {
 	if r == nil {
 		return
 	}
-	r.add(reason.Code.String())
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.counts == nil {
+		r.counts = map[string]int{}
+	}
+	r.counts[reason.Code.String()]++
 	r.tally.Add(node, reason)
 }
 

@@ -202,8 +202,8 @@ type stateData struct {
 	// slots is how many device-plugin slots (tessera.dev/gpu) the pod's
 	// containers take from kubelet.
 	slots int64
-	// shape is req.Key(), computed once per cycle.
-	shape string
+	// shape is req.Key()'s number in the cache, computed once per cycle.
+	shape Shape
 	alloc *allocator.Allocator
 	// assignment is what Reserve booked, for Bind to write.
 	assignment *gpu.PodAssignment

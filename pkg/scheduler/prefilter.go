@@ -29,7 +29,7 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		unschedulable.WithLabelValues("InvalidRequest").Inc()
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
 	}
-	state.Write(stateKey, &stateData{req: req, slots: podgpu.Slots(pod), shape: req.Key(), alloc: p.workload.Current(), rejected: &rejections{}, freedAt: freedAt})
+	state.Write(stateKey, &stateData{req: req, slots: podgpu.Slots(pod), shape: p.cache.Shape(req.Key()), alloc: p.workload.Current(), rejected: &rejections{}, freedAt: freedAt})
 	return nil, nil
 }
 

@@ -26,7 +26,7 @@ const scoreScale = 1e6
 // afresh. Reserve places once more under the node's lock, so a ranking that
 // moved never books anything stale.
 func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
-	defer observe("Score", time.Now())
+	defer observeSince(scoreDuration, time.Now())
 	s := readState(state)
 	if s == nil {
 		return 0, nil
