@@ -26,7 +26,7 @@ func (p *Plugin) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, 
 	name := nodeInfo.Node().Name
 	var reason allocator.Reason
 	var err error
-	if len(s.nominated) > 0 && len(s.nominated[name]) > 0 {
+	if len(s.nominated[name]) > 0 {
 		var ok bool
 		if reason, ok = p.fitWithNominated(s, name); !ok {
 			err = errNoInventory

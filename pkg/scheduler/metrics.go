@@ -160,13 +160,7 @@ func registerMetrics() {
 		legacyregistry.MustRegister(collectors()...)
 		legacyregistry.CustomMustRegister(pending)
 		// A vector's series are live only once it is registered.
-		filterDuration = pluginDuration.WithLabelValues("Filter")
-		scoreDuration = pluginDuration.WithLabelValues("Score")
-		for c := range rejectedNodes {
-			rejectedNodes[c] = unschedulable.WithLabelValues(allocator.Code(c).String())
-		}
-		rejectedNoInventory = unschedulable.WithLabelValues("NoInventory")
-		rejectedSlots = unschedulable.WithLabelValues("InsufficientSlots")
+		resolveHotSeries()
 	})
 }
 
@@ -175,15 +169,21 @@ func registerMetrics() {
 // 1,000-node cluster's scheduling profile showed. Until registerMetrics runs
 // they are the vectors' no-op series.
 var (
-	filterDuration, scoreDuration      = pluginDuration.WithLabelValues("Filter"), pluginDuration.WithLabelValues("Score")
+	filterDuration, scoreDuration      metrics.ObserverMetric
 	rejectedNodes                      [allocator.NumCodes]metrics.CounterMetric
-	rejectedNoInventory, rejectedSlots = unschedulable.WithLabelValues("NoInventory"), unschedulable.WithLabelValues("InsufficientSlots")
+	rejectedNoInventory, rejectedSlots metrics.CounterMetric
 )
 
-func init() {
+func init() { resolveHotSeries() }
+
+func resolveHotSeries() {
+	filterDuration = pluginDuration.WithLabelValues("Filter")
+	scoreDuration = pluginDuration.WithLabelValues("Score")
 	for c := range rejectedNodes {
 		rejectedNodes[c] = unschedulable.WithLabelValues(allocator.Code(c).String())
 	}
+	rejectedNoInventory = unschedulable.WithLabelValues("NoInventory")
+	rejectedSlots = unschedulable.WithLabelValues("InsufficientSlots")
 }
 
 // observeSince records a per-node extension point's latency since start.

@@ -34,6 +34,10 @@ func (r *rejections) add(reason string) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.countLocked(reason)
+}
+
+func (r *rejections) countLocked(reason string) {
 	if r.counts == nil {
 		r.counts = map[string]int{}
 	}
@@ -47,10 +51,7 @@ func (r *rejections) addReason(node string, reason allocator.Reason) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.counts == nil {
-		r.counts = map[string]int{}
-	}
-	r.counts[reason.Code.String()]++
+	r.countLocked(reason.Code.String())
 	r.tally.Add(node, reason)
 }
 
