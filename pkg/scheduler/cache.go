@@ -44,9 +44,13 @@ type Cache struct {
 	// it again. UIDs are never reused; entries are swept after goneTTL.
 	gone      map[types.UID]time.Time
 	lastSweep time.Time
-	// maxGPUMemMiB is the largest GPU of any node, so PreFilter can refuse a
-	// slice no GPU of the cluster could ever hold.
-	maxGPUMemMiB int64
+	// largestGPUMiB and mostGPUs are the largest GPU of any node and the
+	// most GPUs any node has, so PreFilter can refuse a request no node of
+	// the cluster could ever hold, and the pod-deletion hint can leave such
+	// a pod waiting. Written under mu (largest), read without it: a hint
+	// runs once per waiting pod per event.
+	largestGPUMiB atomic.Int64
+	mostGPUs      atomic.Int64
 
 	// onNodeChange is called, under mu, with a node whose usage or
 	// inventory changed (metrics).
@@ -224,7 +228,9 @@ func (c *Cache) SetNode(raw string, inv *gpu.NodeInventory) ([]string, error) {
 	// GPUs the node no longer reports (or reports as another index or
 	// model) lose their series.
 	var left []allocator.GPU
+	var before *allocator.Node
 	if old, ok := c.nodes[inv.Node]; ok {
+		before = old.node
 		now := map[string]bool{}
 		for _, g := range n.GPUs {
 			now[gpuSeries(&g)] = true
@@ -237,12 +243,7 @@ func (c *Cache) SetNode(raw string, inv *gpu.NodeInventory) ([]string, error) {
 	}
 	c.nodes[inv.Node] = &nodeState{node: n, raw: raw, reclaimed: reclaimed, liveSlots: live}
 	c.freed.Add(1)
-	c.maxGPUMemMiB = 0
-	for _, s := range c.nodes {
-		for i := range s.node.GPUs {
-			c.maxGPUMemMiB = max(c.maxGPUMemMiB, s.node.GPUs[i].MemoryMiB)
-		}
-	}
+	c.extentChangedLocked(before, n)
 	// The metrics follow under the lock, as every change's do: reported
 	// after unlocking, this snapshot could land after a newer one (a pod
 	// deleted meanwhile) and leave the series showing slices no pod holds
@@ -271,6 +272,7 @@ func (c *Cache) RemoveNode(name string) {
 		return
 	}
 	delete(c.nodes, name)
+	c.extentChangedLocked(s.node, nil)
 	for _, rec := range c.pods {
 		if rec.assignment.Node == name {
 			rec.booked = false
@@ -303,13 +305,45 @@ func (c *Cache) HasNode(name string) bool {
 	return ok
 }
 
+// extent is a node's largest GPU and its number of GPUs (0, 0 for nil).
+func extent(n *allocator.Node) (memMiB, count int64) {
+	if n == nil {
+		return 0, 0
+	}
+	for i := range n.GPUs {
+		memMiB = max(memMiB, n.GPUs[i].MemoryMiB)
+	}
+	return memMiB, int64(len(n.GPUs))
+}
+
+// extentChangedLocked keeps the largest GPU and the most GPUs of any node
+// current as a node's inventory goes from before to after (nil: none). It
+// passes over every node only when the node that held a maximum shrank or
+// left: a pass per inventory would make 5,000 nodes joining quadratic.
+// Called with mu held.
+func (c *Cache) extentChangedLocked(before, after *allocator.Node) {
+	beforeMem, beforeCount := extent(before)
+	mem, count := extent(after)
+	if beforeMem == c.largestGPUMiB.Load() && mem < beforeMem || beforeCount == c.mostGPUs.Load() && count < beforeCount {
+		for _, s := range c.nodes {
+			m, n := extent(s.node)
+			mem, count = max(mem, m), max(count, n)
+		}
+		c.largestGPUMiB.Store(mem)
+		c.mostGPUs.Store(count)
+		return
+	}
+	c.largestGPUMiB.Store(max(c.largestGPUMiB.Load(), mem))
+	c.mostGPUs.Store(max(c.mostGPUs.Load(), count))
+}
+
 // MaxGPUMemoryMiB is the memory of the largest GPU the cluster has, 0 while
 // no inventory is known.
-func (c *Cache) MaxGPUMemoryMiB() int64 {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return c.maxGPUMemMiB
-}
+func (c *Cache) MaxGPUMemoryMiB() int64 { return c.largestGPUMiB.Load() }
+
+// MostGPUs is the number of GPUs of the node that has the most, 0 while no
+// inventory is known.
+func (c *Cache) MostGPUs() int { return int(c.mostGPUs.Load()) }
 
 // errNoInventory says a node has no GPU inventory in the cache.
 var errNoInventory = errors.New("no GPU inventory")

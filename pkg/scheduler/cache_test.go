@@ -406,6 +406,37 @@ func TestFitMemoFollowsTheNode(t *testing.T) {
 	}
 }
 
+// TestClusterExtentFollowsNodes: the largest GPU and the most GPUs of any
+// node (what PreFilter refuses beyond) follow nodes joining, shrinking and
+// leaving.
+func TestClusterExtentFollowsNodes(t *testing.T) {
+	c := NewCache(1)
+	check := func(step string, mem int64, most int) {
+		t.Helper()
+		if c.MaxGPUMemoryMiB() != mem || c.MostGPUs() != most {
+			t.Fatalf("%s: largest GPU %d MiB, most GPUs %d; want %d, %d", step, c.MaxGPUMemoryMiB(), c.MostGPUs(), mem, most)
+		}
+	}
+	check("empty", 0, 0)
+	set := func(inv *gpu.NodeInventory) {
+		t.Helper()
+		if _, err := c.SetNode(fmt.Sprint(inv), inv); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set(testInventory("big", 2, 81920, false))
+	set(testInventory("wide", 8, 40960, false))
+	check("two nodes", 81920, 8)
+	set(testInventory("wide", 4, 40960, false))
+	check("the widest node shrank", 81920, 4)
+	set(testInventory("small", 1, 24576, false))
+	c.RemoveNode("big")
+	check("the node with the largest GPU left", 40960, 4)
+	c.RemoveNode("wide")
+	c.RemoveNode("small")
+	check("all gone", 0, 0)
+}
+
 func TestWithoutTesseraResources(t *testing.T) {
 	lim := v1.ResourceList{"tessera.dev/gpu": resource.MustParse("1"), "tessera.dev/gpu-memory": resource.MustParse("8192"),
 		v1.ResourceCPU: resource.MustParse("2"), "example.com/fpga": resource.MustParse("1")}

@@ -153,7 +153,8 @@ func TestPreFilter(t *testing.T) {
 		slots int64
 	}{
 		{"no GPUs: skipped", web, fwk.Skip, "", 0},
-		{"two whole GPUs", wholeGPUPod("two", "2"), fwk.Success, "", 2},
+		{"one whole GPU", wholeGPUPod("one", "1"), fwk.Success, "", 1},
+		{"more GPUs than any node has", wholeGPUPod("two", "2"), fwk.UnschedulableAndUnresolvable, "asks for 2 GPUs on one node, but the node with the most GPUs has 1", 0},
 		{"cores out of range", cores, fwk.UnschedulableAndUnresolvable, "must be 1–100", 0},
 		{"larger than every GPU", huge, fwk.UnschedulableAndUnresolvable, "largest GPU in the cluster has 81920 MiB", 0},
 	} {

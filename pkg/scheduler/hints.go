@@ -37,8 +37,12 @@ func (p *Plugin) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, 
 
 // hintGPUPodGone requeues on the deletion of a pod that held GPUs or
 // device-plugin slots (one the agent refused holds slots without an
-// assignment).
-func (p *Plugin) hintGPUPodGone(_ klog.Logger, _ *v1.Pod, oldObj, _ any) (fwk.QueueingHint, error) {
+// assignment), unless the waiting pod asks more GPUs than any node has: no
+// deletion makes a node larger (PreFilter refused it for that).
+func (p *Plugin) hintGPUPodGone(_ klog.Logger, waiting *v1.Pod, oldObj, _ any) (fwk.QueueingHint, error) {
+	if most := p.cache.MostGPUs(); most > 0 && podgpu.Slots(waiting) > int64(most) {
+		return fwk.QueueSkip, nil
+	}
 	pod, ok := oldObj.(*v1.Pod)
 	if !ok {
 		return fwk.Queue, nil

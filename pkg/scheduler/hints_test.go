@@ -147,26 +147,35 @@ func TestHintsOnlyLook(t *testing.T) {
 	newBare := bare.DeepCopy()
 	newBare.Labels = map[string]string{"x": "y"}
 	waiting := gpuPod(t, "waiting", "", 0)
+	tooBig := gpuPod(t, "too-big", "", 0)
+	tooBig.Spec.Containers[0].Resources.Limits[gpu.ResourceGPU] = resource.MustParse("2")
 	for _, c := range []struct {
 		name     string
 		hint     fwk.QueueingHintFn
 		old, new any
 		want     fwk.QueueingHint
+		waiting  *v1.Pod // nil: a pod asking for one GPU
 	}{
-		{"GPU pod deleted", p.hintGPUPodGone, held, nil, fwk.Queue},
-		{"pod with slots and no assignment deleted", p.hintGPUPodGone, slotsOnly, nil, fwk.Queue},
-		{"pod without GPUs deleted", p.hintGPUPodGone, plain, nil, fwk.QueueSkip},
-		{"not a pod", p.hintGPUPodGone, "what", nil, fwk.Queue},
-		{"node added with an inventory", p.hintInventoryChanged, nil, node, fwk.Queue},
-		{"inventory changed", p.hintInventoryChanged, node, changed, fwk.Queue},
-		{"slots changed", p.hintInventoryChanged, node, moreSlots, fwk.Queue},
-		{"nothing of ours changed", p.hintInventoryChanged, node, node.DeepCopy(), fwk.QueueSkip},
-		{"node without inventory", p.hintInventoryChanged, bare, newBare, fwk.QueueSkip},
-		{"not a node", p.hintInventoryChanged, nil, "what", fwk.Queue},
+		{"GPU pod deleted", p.hintGPUPodGone, held, nil, fwk.Queue, nil},
+		{"pod with slots and no assignment deleted", p.hintGPUPodGone, slotsOnly, nil, fwk.Queue, nil},
+		{"pod without GPUs deleted", p.hintGPUPodGone, plain, nil, fwk.QueueSkip, nil},
+		{"not a pod", p.hintGPUPodGone, "what", nil, fwk.Queue, nil},
+		{"GPU pod deleted, waiting pod larger than any node", p.hintGPUPodGone, held, nil, fwk.QueueSkip, tooBig},
+		{"node added, waiting pod larger than any node", p.hintInventoryChanged, nil, node, fwk.Queue, tooBig},
+		{"node added with an inventory", p.hintInventoryChanged, nil, node, fwk.Queue, nil},
+		{"inventory changed", p.hintInventoryChanged, node, changed, fwk.Queue, nil},
+		{"slots changed", p.hintInventoryChanged, node, moreSlots, fwk.Queue, nil},
+		{"nothing of ours changed", p.hintInventoryChanged, node, node.DeepCopy(), fwk.QueueSkip, nil},
+		{"node without inventory", p.hintInventoryChanged, bare, newBare, fwk.QueueSkip, nil},
+		{"not a node", p.hintInventoryChanged, nil, "what", fwk.Queue, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			before := p.cache.Freed()
-			got, err := c.hint(logger, waiting, c.old, c.new)
+			pod := waiting
+			if c.waiting != nil {
+				pod = c.waiting
+			}
+			got, err := c.hint(logger, pod, c.old, c.new)
 			if err != nil || got != c.want {
 				t.Fatalf("hint = %v, %v; want %v", got, err, c.want)
 			}

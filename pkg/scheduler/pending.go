@@ -134,7 +134,7 @@ func (p *pendingReasons) counts(pods corelisters.PodLister) map[string]int {
 }
 
 var pendingDesc = metrics.NewDesc("tessera_scheduler_pending_gpu_pods",
-	"GPU pods whose last scheduling attempt found no node, by the reason most nodes gave (the allocator's reason codes; InsufficientSlots, NoInventory, Other).",
+	"GPU pods whose last scheduling attempt found no node, by the reason most nodes gave (the allocator's reason codes; InsufficientSlots, NoInventory, Other), or why the pod was refused before any node was tried (InvalidRequest, TooManyGPUs).",
 	[]string{"reason"}, nil, metrics.ALPHA, "")
 
 // pendingCollector exports pendingReasons at each scrape. One scheduler

@@ -27,7 +27,17 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	req, err := p.request(pod)
 	if err != nil {
 		unschedulable.WithLabelValues("InvalidRequest").Inc()
+		pending.reasons.set(pod, "InvalidRequest")
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
+	}
+	// A pod asking more GPUs than any node has fits nowhere: said once here,
+	// not once per node by Filter, and left waiting by the pod-deletion hint
+	// until a node with more GPUs joins.
+	if most := p.cache.MostGPUs(); most > 0 && req.GPUs() > most {
+		unschedulable.WithLabelValues("TooManyGPUs").Inc()
+		pending.reasons.set(pod, "TooManyGPUs")
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf(
+			"the pod asks for %d GPUs on one node, but the node with the most GPUs has %d; it waits until a node with more joins (or ask for fewer)", req.GPUs(), most))
 	}
 	state.Write(stateKey, &stateData{req: req, slots: podgpu.Slots(pod), shape: p.cache.Shape(req.Key()), alloc: p.workload.Current(), rejected: &rejections{}, freedAt: freedAt})
 	return nil, nil

@@ -214,6 +214,12 @@ func TestDeletionLetsWaitingPodIn(t *testing.T) {
 	c.registerNode("late")
 	c.createPod(ns, podSpec{name: "third", gpus: 2})
 	waitFor(t, 30*time.Second, "third to be reported unschedulable", func() bool { return c.unschedulableMessage(ns, "third") != "" })
+	if msg := c.unschedulableMessage(ns, "third"); !strings.Contains(msg, "asks for 2 GPUs on one node, but the node with the most GPUs has 1") {
+		t.Errorf("third's message %q does not say no node has 2 GPUs", msg)
+	}
+	if n := gauge(t, "tessera_scheduler_pending_gpu_pods", map[string]string{"reason": "TooManyGPUs"}); n != 1 {
+		t.Errorf("tessera_scheduler_pending_gpu_pods{reason=TooManyGPUs} = %v, want 1", n)
+	}
 	start = time.Now()
 	if err := inventory.Publish(c.ctx, c.client, late); err != nil {
 		t.Fatal(err)
