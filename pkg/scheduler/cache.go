@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -674,6 +675,29 @@ func (c *Cache) Behind(node string, requestedSlots int64, raw string) bool {
 		return raw != ""
 	}
 	return s.liveSlots > requestedSlots || s.raw != raw
+}
+
+// SameInventory reports whether raw is the inventory annotation the node's
+// usage was built from, so a node update that left it alone costs no
+// decoding. It then keeps raw, the newest copy of the string: Behind
+// compares the scheduler's snapshot of the node with it on every refusal,
+// and Go compares strings sharing their bytes without reading them.
+func (c *Cache) SameInventory(name, raw string) bool {
+	c.mu.RLock()
+	s, ok := c.nodes[name]
+	same := ok && s.raw == raw
+	sameBytes := same && unsafe.StringData(s.raw) == unsafe.StringData(raw)
+	c.mu.RUnlock()
+	if !same || sameBytes {
+		return same
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s, ok := c.nodes[name]; ok && s.raw == raw {
+		s.raw = raw
+		return true
+	}
+	return false
 }
 
 // Snapshot returns a copy of a node's usage, or nil.

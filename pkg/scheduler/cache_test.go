@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -435,6 +436,28 @@ func TestClusterExtentFollowsNodes(t *testing.T) {
 	c.RemoveNode("wide")
 	c.RemoveNode("small")
 	check("all gone", 0, 0)
+}
+
+// TestSameInventory: a node update that left the inventory annotation alone
+// is recognized without decoding, and the cache keeps the newer string, so
+// Behind's comparison with the scheduler's snapshot shares its bytes.
+func TestSameInventory(t *testing.T) {
+	c := NewCache(1)
+	inv := testInventory("n1", 2, 81920, false)
+	raw := strings.Repeat("x", 64)
+	if _, err := c.SetNode(raw, inv); err != nil {
+		t.Fatal(err)
+	}
+	again := strings.Clone(raw) // the same annotation, as a later node object carries it
+	if !c.SameInventory("n1", again) {
+		t.Fatal("an equal annotation was not recognized")
+	}
+	if got := c.nodes["n1"].raw; unsafe.StringData(got) != unsafe.StringData(again) {
+		t.Fatal("the cache kept the older copy of the annotation")
+	}
+	if c.SameInventory("n1", raw+"y") || c.SameInventory("n2", raw) {
+		t.Fatal("a changed annotation, or an unknown node, was taken as unchanged")
+	}
 }
 
 func TestWithoutTesseraResources(t *testing.T) {

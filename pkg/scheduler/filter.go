@@ -18,10 +18,12 @@ import (
 // allocator finds room, and, where it does not, whether the cache may be
 // behind the cycle's snapshot (asked until one node says so).
 func (p *Plugin) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
-	defer observeSince(filterDuration, time.Now())
 	s := readState(state)
 	if s == nil {
 		return nil
+	}
+	if s.timed {
+		defer observeSince(filterDuration, time.Now())
 	}
 	name := nodeInfo.Node().Name
 	var reason allocator.Reason

@@ -123,6 +123,9 @@ func (p *Plugin) applyNode(logger klog.Logger, obj any) {
 		}
 		return
 	}
+	if p.cache.SameInventory(node.Name, node.Annotations[gpu.AnnotationInventory]) {
+		return // a status or label update: nothing of Tessera's changed
+	}
 	inv, err := inventory.FromNode(node)
 	if err == nil {
 		var overfull []string

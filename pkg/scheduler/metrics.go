@@ -186,6 +186,13 @@ func resolveHotSeries() {
 	rejectedSlots = unschedulable.WithLabelValues("InsufficientSlots")
 }
 
+// timedCycleEvery: Filter and Score, called once per node, record their
+// latency in one GPU cycle of this many (the first included), as the
+// framework samples its own plugin timings: two clock reads and a histogram
+// update per node were a sixth of the plugin's Filter in a 1,000-node
+// profile.
+const timedCycleEvery = 10
+
 // observeSince records a per-node extension point's latency since start.
 func observeSince(o metrics.ObserverMetric, start time.Time) {
 	o.Observe(time.Since(start).Seconds())

@@ -94,6 +94,8 @@ type shared struct {
 	// waiting are the pods to try again once the cache makes room (see
 	// EventsToRegister).
 	waiting waiters
+	// cycles counts PreFilter's GPU cycles, to time one in timedCycleEvery.
+	cycles atomic.Uint64
 }
 
 var (
@@ -215,6 +217,9 @@ type stateData struct {
 	rejected *rejections
 	// freedAt is the cache's Freed count when the cycle began.
 	freedAt uint64
+	// timed: Filter and Score record their latency in this cycle (see
+	// timedCycleEvery).
+	timed bool
 }
 
 // Clone shares the data, except the nominated pods, which the framework

@@ -39,7 +39,8 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf(
 			"the pod asks for %d GPUs on one node, but the node with the most GPUs has %d; it waits until a node with more joins (or ask for fewer)", req.GPUs(), most))
 	}
-	state.Write(stateKey, &stateData{req: req, slots: podgpu.Slots(pod), shape: p.cache.Shape(req.Key()), alloc: p.workload.Current(), rejected: &rejections{}, freedAt: freedAt})
+	state.Write(stateKey, &stateData{req: req, slots: podgpu.Slots(pod), shape: p.cache.Shape(req.Key()), alloc: p.workload.Current(), rejected: &rejections{}, freedAt: freedAt,
+		timed: p.cycles.Add(1)%timedCycleEvery == 1})
 	return nil, nil
 }
 

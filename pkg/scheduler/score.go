@@ -26,10 +26,12 @@ const scoreScale = 1e6
 // afresh. Reserve places once more under the node's lock, so a ranking that
 // moved never books anything stale.
 func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
-	defer observeSince(scoreDuration, time.Now())
 	s := readState(state)
 	if s == nil {
 		return 0, nil
+	}
+	if s.timed {
+		defer observeSince(scoreDuration, time.Now())
 	}
 	reason, score, err := p.cache.Fit(s.alloc, nodeInfo.Node().Name, s.shape, s.req)
 	if err != nil || !reason.OK() {
