@@ -72,6 +72,15 @@ type Cache struct {
 	// string on every node for every pod showed in a 1,000-node profile.
 	shapesMu sync.RWMutex
 	shapes   map[string]Shape
+
+	// bare are the nodes seen without a usable inventory (guarded by mu);
+	// epoch counts the changes to the inventories and to bare (made under
+	// mu), after which candidates are rebuilt.
+	bare  map[string]bool
+	epoch atomic.Uint64
+	// cands memoizes Candidates per shape.
+	candMu sync.Mutex
+	cands  map[Shape]*candidates
 }
 
 // Shape is a request shape's number in one Cache (see Cache.Shape).
@@ -113,6 +122,11 @@ type nodeState struct {
 	memo      map[Shape]memoEntry
 	// reclaimed is the inventory's list of victims the agent verified gone.
 	reclaimed map[string]bool
+	// empty is the node as its inventory describes it, nothing booked;
+	// emptyFit memoizes the allocator's answer there per shape (guarded by
+	// mu). See candidates.
+	empty    *allocator.Node
+	emptyFit map[Shape]allocator.Reason
 	// liveSlots is the device-plugin slots of the pods booked here that are
 	// still in the API server (victims awaiting reclaim are not): what the
 	// scheduler's own snapshot counts as the node's requested tessera.dev/gpu
@@ -164,7 +178,7 @@ type podRecord struct {
 // their memory in slices.
 func NewCache(oversub float64) *Cache {
 	return &Cache{oversub: oversub, nodes: map[string]*nodeState{}, pods: map[types.UID]*podRecord{}, gone: map[types.UID]time.Time{},
-		refused: map[types.UID]*podRecord{}}
+		refused: map[types.UID]*podRecord{}, bare: map[string]bool{}}
 }
 
 // goneTTL is how long a deleted pod's UID is remembered: far longer than any
@@ -185,6 +199,7 @@ func (c *Cache) SetNode(raw string, inv *gpu.NodeInventory) ([]string, error) {
 		return nil, err
 	}
 	n.CPUMilli, n.MemoryMiB = unlimited, unlimited
+	empty := n.Clone()
 	var overfull []string
 	c.mu.Lock()
 	if old, ok := c.nodes[inv.Node]; ok && old.raw == raw {
@@ -242,7 +257,9 @@ func (c *Cache) SetNode(raw string, inv *gpu.NodeInventory) ([]string, error) {
 			}
 		}
 	}
-	c.nodes[inv.Node] = &nodeState{node: n, raw: raw, reclaimed: reclaimed, liveSlots: live}
+	c.nodes[inv.Node] = &nodeState{node: n, raw: raw, reclaimed: reclaimed, liveSlots: live, empty: empty}
+	delete(c.bare, inv.Node)
+	c.epoch.Add(1)
 	c.freed.Add(1)
 	c.extentChangedLocked(before, n)
 	// The metrics follow under the lock, as every change's do: reported
@@ -273,6 +290,7 @@ func (c *Cache) RemoveNode(name string) {
 		return
 	}
 	delete(c.nodes, name)
+	c.epoch.Add(1)
 	c.extentChangedLocked(s.node, nil)
 	for _, rec := range c.pods {
 		if rec.assignment.Node == name {

@@ -117,6 +117,7 @@ func (p *Plugin) applyNode(logger klog.Logger, obj any) {
 	}
 	if _, has := node.Annotations[gpu.AnnotationInventory]; !has {
 		p.unreadable.Delete(node.Name)
+		p.cache.SetBare(node.Name, true)
 		if p.cache.HasNode(node.Name) {
 			p.cache.RemoveNode(node.Name)
 			p.reportOrphans(logger)
@@ -142,6 +143,7 @@ func (p *Plugin) applyNode(logger klog.Logger, obj any) {
 	inventoryErrors.WithLabelValues(node.Name).Inc()
 	p.unreadable.Store(node.Name, err.Error())
 	p.warnOnce(logger, node, "InvalidGPUInventory", err.Error())
+	p.cache.SetBare(node.Name, true)
 	p.cache.RemoveNode(node.Name)
 	p.reportOrphans(logger)
 }
@@ -152,6 +154,7 @@ func (p *Plugin) onNodeDelete(logger klog.Logger, obj any) {
 	}
 	if node, ok := obj.(*v1.Node); ok {
 		p.unreadable.Delete(node.Name)
+		p.cache.SetBare(node.Name, false)
 		p.cache.RemoveNode(node.Name)
 		p.reportOrphans(logger)
 	}

@@ -220,6 +220,9 @@ type stateData struct {
 	// timed: Filter and Score record their latency in this cycle (see
 	// timedCycleEvery).
 	timed bool
+	// excluded are the nodes PreFilter left out of the cycle (see
+	// candidates), for PostFilter's account when no node fits.
+	excluded []excludedNode
 }
 
 // Clone shares the data, except the nominated pods, which the framework

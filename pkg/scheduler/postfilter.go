@@ -32,6 +32,7 @@ func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.P
 	if s == nil {
 		return nil, fwk.NewStatus(fwk.Unschedulable)
 	}
+	p.accountExcluded(s)
 	pending.reasons.set(pod, s.rejected.dominant())
 	if s.rejected != nil && s.rejected.behind.Load() {
 		p.waiting.add(p.cache, p.queue, pod, s.freedAt, klog.FromContext(ctx))
@@ -45,6 +46,33 @@ func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.P
 		st = fwk.NewStatus(fwk.Unschedulable, msg)
 	}
 	return res, st
+}
+
+// accountExcluded adds the nodes PreFilter left out to the cycle's
+// rejections: their reasons to the cluster-wide line and the pending
+// reason, and, where the scheduler's snapshot of one shows an inventory the
+// cache has not applied yet, the behind mark (see noteBehind) — a node that
+// just became able to hold the pod was left out on the cache's word.
+func (p *Plugin) accountExcluded(s *stateData) {
+	if len(s.excluded) == 0 || s.rejected == nil {
+		return
+	}
+	for _, x := range s.excluded {
+		rejectedNodes[x.reason.Code].Inc()
+		s.rejected.addReason(x.name, x.reason)
+	}
+	if p.handle == nil || p.handle.SnapshotSharedLister() == nil {
+		return
+	}
+	infos := p.handle.SnapshotSharedLister().NodeInfos()
+	for _, x := range s.excluded {
+		if s.rejected.behind.Load() {
+			return
+		}
+		if n, err := infos.Get(x.name); err == nil {
+			p.noteBehind(s.rejected, n)
+		}
+	}
 }
 
 // preempt gathers the view, plans (planPreemption) and sends the plan's

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
@@ -14,8 +15,9 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/preemption"
 )
 
-// PreFilter parses and validates the pod's GPU request.
-func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+// PreFilter parses and validates the pod's GPU request, and names the nodes
+// worth visiting (candidates).
+func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
 	defer observe("PreFilter", time.Now())
 	if !podgpu.WantsGPU(pod) {
 		return nil, fwk.NewStatus(fwk.Skip)
@@ -36,12 +38,39 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	if most := p.cache.MostGPUs(); most > 0 && req.GPUs() > most {
 		unschedulable.WithLabelValues("TooManyGPUs").Inc()
 		pending.reasons.set(pod, "TooManyGPUs")
+		p.waitIfBehind(ctx, pod, nodes, freedAt)
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf(
 			"the pod asks for %d GPUs on one node, but the node with the most GPUs has %d; it waits until a node with more joins (or ask for fewer)", req.GPUs(), most))
 	}
-	state.Write(stateKey, &stateData{req: req, slots: podgpu.Slots(pod), shape: p.cache.Shape(req.Key()), alloc: p.workload.Current(), rejected: &rejections{}, freedAt: freedAt,
-		timed: p.cycles.Add(1)%timedCycleEvery == 1})
+	s := &stateData{req: req, slots: podgpu.Slots(pod), shape: p.cache.Shape(req.Key()), alloc: p.workload.Current(), rejected: &rejections{}, freedAt: freedAt,
+		timed: p.cycles.Add(1)%timedCycleEvery == 1}
+	state.Write(stateKey, s)
+	// Only the nodes that could ever hold the pod are visited, unless the
+	// scheduler's snapshot has nodes the cache has not seen yet.
+	if cands := p.cache.Candidates(s.alloc, s.shape, req); cands.nodes != nil && cands.known >= len(nodes) {
+		s.excluded = cands.excluded
+		return &fwk.PreFilterResult{NodeNames: cands.nodes}, nil
+	}
 	return nil, nil
+}
+
+// waitIfBehind keeps a pod refused on the cache's view of the whole cluster
+// among the waiters when the scheduler's snapshot shows a node whose
+// inventory the cache has not applied yet: the node event's hint requeued
+// the pod ahead of the handler, and no other event may come to wake it.
+func (p *Plugin) waitIfBehind(ctx context.Context, pod *v1.Pod, nodes []fwk.NodeInfo, freedAt uint64) {
+	for _, n := range nodes {
+		node := n.Node()
+		if node == nil {
+			continue
+		}
+		if raw, has := node.Annotations[gpu.AnnotationInventory]; has && !p.cache.SameInventory(node.Name, raw) {
+			if _, unreadable := p.unreadable.Load(node.Name); !unreadable {
+				p.waiting.add(p.cache, p.queue, pod, freedAt, klog.FromContext(ctx))
+				return
+			}
+		}
+	}
 }
 
 // request reads a pod's request (podgpu.Request) and checks it against the cluster: a slice

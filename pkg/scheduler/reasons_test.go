@@ -69,17 +69,27 @@ func TestPendingMessageOnAThousandNodes(t *testing.T) {
 			gpu.ResourceGPU: resource.MustParse("1"), gpu.ResourceMemory: resource.MustParse("40960"), gpu.ResourceCores: resource.MustParse("50")}}}}}}
 	ctx := context.Background()
 	state := framework.NewCycleState()
-	if _, st := p.PreFilter(ctx, state, pod, nil); !st.IsSuccess() {
+	res, st := p.PreFilter(ctx, state, pod, infos)
+	if !st.IsSuccess() {
 		t.Fatalf("PreFilter: %v", st)
 	}
+	// As the framework does: the nodes PreFilter left out get one status,
+	// the others are filtered.
+	if res.AllNodes() || res.NodeNames.Len() != 900 {
+		t.Fatalf("PreFilter's candidates: %v, want the 900 nodes with healthy GPUs", res)
+	}
+	statuses.SetAbsentNodesStatus(fwk.NewStatus(fwk.UnschedulableAndUnresolvable, "node(s) didn't satisfy plugin(s) [TesseraGPU]"))
 	for _, n := range infos {
+		if !res.NodeNames.Has(n.Node().Name) {
+			continue
+		}
 		st := p.Filter(ctx, state, pod, n)
 		if st.IsSuccess() {
 			t.Fatalf("the pod fits %s", n.Node().Name)
 		}
 		statuses.Set(n.Node().Name, st)
 	}
-	_, st := p.PostFilter(ctx, state, pod, statuses)
+	_, st = p.PostFilter(ctx, state, pod, statuses)
 	if st.Code() != fwk.Unschedulable {
 		t.Fatalf("PostFilter: %v", st)
 	}
@@ -90,7 +100,7 @@ func TestPendingMessageOnAThousandNodes(t *testing.T) {
 		t.Errorf("message of %d bytes, want under 1 KiB", len(msg))
 	}
 	for _, want := range []string{
-		"0/1000 nodes are available: 100 no healthy GPU, 900 no GPU with the memory and cores asked free.",
+		"0/1000 nodes are available: 100 node(s) didn't satisfy plugin(s) [TesseraGPU], 900 no GPU with the memory and cores asked free.",
 		fmt.Sprintf("largest free GPU fragment 36864 MiB and 70%% cores (node %s GPU %d)", largestNode, largestGPU),
 		"nodes short of: 900 a GPU fragment, 100 healthy GPUs",
 		"not preempting: the pod's preemptionPolicy is Never",

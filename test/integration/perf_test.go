@@ -6,6 +6,7 @@ import (
 	"math"
 	"sort"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -214,13 +215,21 @@ func runThroughput(b *testing.B, tc throughputCase) {
 			order = []string{profiles[1], profiles[0]}
 		}
 		for _, profile := range order {
+			cpu := processCPU(b)
 			rate := round(fmt.Sprintf("perf-%s-%d", profile, r), profile, perRound)
 			results[profile] = append(results[profile], rate)
-			b.Logf("round %d %-18s %7.1f pods/s", r, profile, rate)
+			b.Logf("round %d %-18s %7.1f pods/s, %5.2f CPU-ms per pod (the whole process: API server, etcd, scheduler)",
+				r, profile, rate, float64((processCPU(b)-cpu).Microseconds())/1000/perRound)
 		}
 	}
 	if tc.churn {
 		b.Logf("%d GPU pods deleted while pods arrived", deleted)
+	}
+	// Per plugin and node (sampled cycles): how often and how long.
+	for _, plugin := range []string{"TesseraGPU", "TesseraNodeResourcesFit", "NodeResourcesFit", "NodeUnschedulable", "NodeName", "TaintToleration", "NodeAffinity", "NodePorts", "VolumeBinding", "PodTopologySpread", "InterPodAffinity", "DynamicResources", "NodeVolumeLimits", "VolumeRestrictions", "VolumeZone"} {
+		if sum, n := histogramTotal(b, "scheduler_plugin_execution_duration_seconds", map[string]string{"plugin": plugin, "extension_point": "Filter"}); n > 0 {
+			b.Logf("Filter %-24s %7.2f µs mean over %d sampled calls", plugin, sum/float64(n)*1e6, n)
+		}
 	}
 	mean := func(xs []float64) float64 {
 		s := 0.0
@@ -239,6 +248,12 @@ func runThroughput(b *testing.B, tc throughputCase) {
 	for _, profile := range profiles {
 		for _, result := range []string{"scheduled", "unschedulable", "error"} {
 			b.Logf("%s attempts %s: %v", profile, result, gauge(b, "scheduler_schedule_attempts_total", map[string]string{"profile": profile, "result": result}))
+		}
+		// Where a cycle's time goes, per pod (warm-up included).
+		for _, point := range []string{"PreFilter", "Filter", "PostFilter", "PreScore", "Score", "Reserve", "Permit", "PreBind", "Bind"} {
+			if sum, n := histogramTotal(b, "scheduler_framework_extension_point_duration_seconds", map[string]string{"profile": profile, "extension_point": point}); n > 0 {
+				b.Logf("%s %-10s %7.3f ms mean over %d", profile, point, sum/float64(n)*1000, n)
+			}
 		}
 		// Opportunistic batching: a pod with the previous pod's signature
 		// is tried on the previous cycle's next-best node alone.
@@ -345,6 +360,44 @@ func perfPod(ns, name, profile string, i int, extra string) *v1.Pod {
 	default:
 		return makePod(ns, podSpec{name: name, gpus: 1, memMi: 8192, cores: 15, annotations: map[string]string{gpu.AnnotationSharing: "time-slicing", gpu.AnnotationWorkload: "inference"}})
 	}
+}
+
+// processCPU is the CPU time this process has used, user and system.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// histogramTotal sums a histogram's sample sum and count over the series
+// matching labels.
+func histogramTotal(b *testing.B, name string, labels map[string]string) (sum float64, count uint64) {
+	families, err := legacyregistry.DefaultGatherer.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range f.GetMetric() {
+			have := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				have[lp.GetName()] = lp.GetValue()
+			}
+			for k, v := range labels {
+				if have[k] != v {
+					continue metric
+				}
+			}
+			sum += m.GetHistogram().GetSampleSum()
+			count += m.GetHistogram().GetSampleCount()
+		}
+	}
+	return sum, count
 }
 
 // attemptHistogram is a profile's scheduler_scheduling_attempt_duration_seconds
