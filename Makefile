@@ -92,7 +92,7 @@ bench-sim: build
 ## bench-scheduler: tessera-scheduler throughput against the default profile, same run: 1,000 nodes × 8 GPUs, and 5,000 with 1,000 pods waiting and GPU pods deleted (BENCHCOUNT runs each, default 3).
 BENCHCOUNT ?= 3
 bench-scheduler:
-	$(GO) test ./test/integration/ -run '^$$' -bench BenchmarkSchedulingThroughput -benchtime 1x -count $(BENCHCOUNT) -timeout 120m
+	$(GO) test ./test/integration/ -run '^$$' -bench BenchmarkSchedulingThroughput -benchtime 1x -count $(BENCHCOUNT) -timeout 120m -v
 
 ## openb: the published comparison, seeds 42-51, on the four openb workloads.
 openb: build

@@ -4,8 +4,10 @@ import (
 	"sort"
 
 	"k8s.io/apimachinery/pkg/util/sets"
+	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
 )
 
 // candidates are the nodes a request shape may be tried on: every node
@@ -39,9 +41,9 @@ type excludedNode struct {
 	reason allocator.Reason
 }
 
-// maxCandidateShapes bounds the shapes whose candidates are kept; past it
-// the memo starts over.
-const maxCandidateShapes = 256
+// maxCandidateShapes bounds the shapes whose candidates are kept (each a
+// set of up to every node's name); past it the memo starts over.
+const maxCandidateShapes = 64
 
 // Candidates returns the candidates for a request of the given shape,
 // rebuilt when an inventory came, changed or left since they were built.
@@ -126,4 +128,27 @@ func (c *Cache) SetBare(name string, bare bool) {
 		delete(c.bare, name)
 	}
 	c.epoch.Add(1)
+}
+
+// InventoryBehind reports whether the scheduler's snapshot shows a node
+// with an inventory annotation the cache has not applied (a readable one:
+// unreadable says which the handler refused), under one read lock.
+func (c *Cache) InventoryBehind(nodes []fwk.NodeInfo, unreadable func(node string) bool) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for _, n := range nodes {
+		node := n.Node()
+		if node == nil {
+			continue
+		}
+		raw, has := node.Annotations[gpu.AnnotationInventory]
+		if !has {
+			continue
+		}
+		if s, ok := c.nodes[node.Name]; ok && s.raw == raw || !ok && unreadable(node.Name) {
+			continue
+		}
+		return true
+	}
+	return false
 }

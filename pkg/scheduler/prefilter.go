@@ -59,17 +59,9 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 // inventory the cache has not applied yet: the node event's hint requeued
 // the pod ahead of the handler, and no other event may come to wake it.
 func (p *Plugin) waitIfBehind(ctx context.Context, pod *v1.Pod, nodes []fwk.NodeInfo, freedAt uint64) {
-	for _, n := range nodes {
-		node := n.Node()
-		if node == nil {
-			continue
-		}
-		if raw, has := node.Annotations[gpu.AnnotationInventory]; has && !p.cache.SameInventory(node.Name, raw) {
-			if _, unreadable := p.unreadable.Load(node.Name); !unreadable {
-				p.waiting.add(p.cache, p.queue, pod, freedAt, klog.FromContext(ctx))
-				return
-			}
-		}
+	unreadable := func(name string) bool { _, ok := p.unreadable.Load(name); return ok }
+	if p.cache.InventoryBehind(nodes, unreadable) {
+		p.waiting.add(p.cache, p.queue, pod, freedAt, klog.FromContext(ctx))
 	}
 }
 
