@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"testing"
 
+	dto "github.com/prometheus/client_model/go"
 	"k8s.io/component-base/metrics/legacyregistry"
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
@@ -19,6 +20,22 @@ func gauge(t testing.TB, name string, labels map[string]string) float64 {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for _, m := range series(families, name, labels) {
+		switch {
+		case m.GetGauge() != nil:
+			return m.GetGauge().GetValue()
+		case m.GetCounter() != nil:
+			return m.GetCounter().GetValue()
+		case m.GetHistogram() != nil:
+			return float64(m.GetHistogram().GetSampleCount())
+		}
+	}
+	return -1
+}
+
+// series are the metrics of the family name whose labels include labels.
+func series(families []*dto.MetricFamily, name string, labels map[string]string) []*dto.Metric {
+	var out []*dto.Metric
 	for _, f := range families {
 		if f.GetName() != name {
 			continue
@@ -34,17 +51,10 @@ func gauge(t testing.TB, name string, labels map[string]string) float64 {
 					continue metric
 				}
 			}
-			switch {
-			case m.GetGauge() != nil:
-				return m.GetGauge().GetValue()
-			case m.GetCounter() != nil:
-				return m.GetCounter().GetValue()
-			case m.GetHistogram() != nil:
-				return float64(m.GetHistogram().GetSampleCount())
-			}
+			out = append(out, m)
 		}
 	}
-	return -1
+	return out
 }
 
 // checkMetrics compares the scheduler's per-GPU series with an independent

@@ -380,24 +380,9 @@ func processCPU(b *testing.B) time.Duration {
 // of families (one Gather: with 40,000 GPUs' series, each costs seconds)
 // matching labels.
 func histogramTotal(families []*dto.MetricFamily, name string, labels map[string]string) (sum float64, count uint64) {
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-	metric:
-		for _, m := range f.GetMetric() {
-			have := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				have[lp.GetName()] = lp.GetValue()
-			}
-			for k, v := range labels {
-				if have[k] != v {
-					continue metric
-				}
-			}
-			sum += m.GetHistogram().GetSampleSum()
-			count += m.GetHistogram().GetSampleCount()
-		}
+	for _, m := range series(families, name, labels) {
+		sum += m.GetHistogram().GetSampleSum()
+		count += m.GetHistogram().GetSampleCount()
 	}
 	return sum, count
 }
