@@ -46,7 +46,7 @@ var (
 	unschedulable = metrics.NewCounterVec(&metrics.CounterOpts{
 		Subsystem:      metricsSubsystem,
 		Name:           "unschedulable_total",
-		Help:           "Rejections by the TesseraGPU plugin: of a pod by PreFilter (InvalidRequest, TooManyGPUs) and of a node for a pod by Filter, by reason.",
+		Help:           "Rejections by the TesseraGPU plugin: of a pod by PreFilter (InvalidRequest, TooManyGPUs), and of a node for a pod by Filter or, when no node fits, by being left out of PreFilter's candidates, by reason.",
 		StabilityLevel: metrics.ALPHA,
 	}, []string{"reason"})
 	pluginDuration = metrics.NewHistogramVec(&metrics.HistogramOpts{
