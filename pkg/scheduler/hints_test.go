@@ -45,7 +45,7 @@ func (q *fakeQueue) take() []string {
 }
 
 // hintPlugin is a plugin on an empty cache, activating into q.
-func hintPlugin(t *testing.T, q *fakeQueue) *Plugin {
+func hintPlugin(t testing.TB, q *fakeQueue) *Plugin {
 	t.Helper()
 	registerMetrics()
 	cfg := config.Default().Allocator
@@ -61,7 +61,7 @@ func hintPlugin(t *testing.T, q *fakeQueue) *Plugin {
 
 // gpuPod is a pod asking for whole GPUs; with a node, bound there with an
 // assignment of its GPU index g.
-func gpuPod(t *testing.T, name string, node string, g int) *v1.Pod {
+func gpuPod(t testing.TB, name string, node string, g int) *v1.Pod {
 	t.Helper()
 	never := v1.PreemptNever
 	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: name, UID: types.UID(name), Annotations: map[string]string{}},
@@ -80,7 +80,7 @@ func gpuPod(t *testing.T, name string, node string, g int) *v1.Pod {
 }
 
 // inventoryNode is a node object carrying inv as its annotation.
-func inventoryNode(t *testing.T, inv *gpu.NodeInventory) *v1.Node {
+func inventoryNode(t testing.TB, inv *gpu.NodeInventory) *v1.Node {
 	t.Helper()
 	raw, err := gpu.EncodeInventory(inv)
 	if err != nil {
