@@ -31,7 +31,7 @@ import (
 // synced: what kube-scheduler gives it, less the scheduling loop, so each
 // extension point can be called directly.
 type harness struct {
-	t      testing.TB
+	t      *testing.T
 	ctx    context.Context
 	p      *Plugin
 	client *fake.Clientset
@@ -43,7 +43,7 @@ type harness struct {
 	bindings []*v1.Binding
 }
 
-func newHarness(t testing.TB, args string, nodes []*v1.Node, pods ...*v1.Pod) *harness {
+func newHarness(t *testing.T, args string, nodes []*v1.Node, pods ...*v1.Pod) *harness {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
