@@ -188,6 +188,17 @@ func TestInvariantsUnderRandomLoad(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				// other scores against a different workload: where a request's
+				// fit ignores the workload, its answer must not move.
+				for i := range counts {
+					counts[i].Count = float64(1 + rng.IntN(20))
+				}
+				counts[0].Request = checked(t, randomRequest(rng))
+				w2, err := NewWorkload(counts, 0.8)
+				if err != nil {
+					t.Fatal(err)
+				}
+				other := a.WithWorkload(w2)
 				nodes := make([]*Node, 1+rng.IntN(6))
 				for i := range nodes {
 					if nodes[i], err = NewNode(randomInventory(rng, fmt.Sprintf("n%d", i))); err != nil {
@@ -210,6 +221,12 @@ func TestInvariantsUnderRandomLoad(t *testing.T) {
 						a.Place(n, req, &again)
 						if diff := cmp.Diff(p, again, cmp.AllowUnexported(Grant{})); diff != "" {
 							t.Fatalf("round %d step %d: Place is not deterministic:\n%s", round, step, diff)
+						}
+						if req.FitIgnoresWorkload() {
+							var q Placement
+							if diff := cmp.Diff(why, other.Place(n, req, &q)); diff != "" {
+								t.Fatalf("round %d step %d node %d: %s fits differently under another workload:\n%s", round, step, ni, req.Key(), diff)
+							}
 						}
 						if want, known := oracleFits(n, req, oversub); known && want != why.OK() {
 							t.Fatalf("round %d step %d node %d: Place says %v, oracle says fits=%v for %s", round, step, ni, why, want, req.Key())

@@ -99,6 +99,23 @@ func (r *Request) GPUDemand() int64 {
 	return d
 }
 
+// FitIgnoresWorkload says whether Place's answer for r — whether it fits a
+// node, and if not the Reason — is the same under every target workload
+// (WithWorkload), so a caller may keep that answer when only the workload
+// changed. It holds when at most one container asks for GPUs: the GPUs its
+// slices may take are each decided on that GPU's own state, and the score
+// only picks among them. With two or more, the GPUs an earlier container
+// took, chosen by score, can decide whether a later one fits.
+func (r *Request) FitIgnoresWorkload() bool {
+	n := 0
+	for i := range r.Containers {
+		if r.Containers[i].Count > 0 {
+			n++
+		}
+	}
+	return n <= 1
+}
+
 // Key identifies the request's shape: two requests with equal keys place
 // identically on any node. Caches and the workload model key on it.
 func (r *Request) Key() string {

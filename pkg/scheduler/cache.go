@@ -115,11 +115,10 @@ type nodeState struct {
 	// that does not change it costs nothing.
 	raw string
 	// memo remembers, per request shape, whether it fits and its score at
-	// the node's Version under memoAlloc: a pod changes one node, so the
-	// next pods of the same shape re-place on that node only. The
-	// allocator is deterministic, so a memoized answer is the answer.
-	memoAlloc *allocator.Allocator
-	memo      map[Shape]memoEntry
+	// the node's Version: a pod changes one node, so the next pods of the
+	// same shape re-place on that node only. The allocator is
+	// deterministic, so a memoized answer is the answer.
+	memo map[Shape]memoEntry
 	// reclaimed is the inventory's list of victims the agent verified gone.
 	reclaimed map[string]bool
 	// empty is the node as its inventory describes it, nothing booked;
@@ -148,6 +147,11 @@ type memoEntry struct {
 	version uint64
 	reason  allocator.Reason
 	score   float64
+	// alloc is the allocator that placed: the score is its own, and so is
+	// the reason unless the request's fit ignores the workload
+	// (allocator.Request.FitIgnoresWorkload). The workload tracker swaps
+	// allocators every few dozen pods; the fit of every node stays known.
+	alloc *allocator.Allocator
 }
 
 // podRecord is one pod's booking. A booking whose node has no inventory (the
@@ -367,10 +371,22 @@ func (c *Cache) MostGPUs() int { return int(c.mostGPUs.Load()) }
 // errNoInventory says a node has no GPU inventory in the cache.
 var errNoInventory = errors.New("no GPU inventory")
 
-// Fit runs the allocator on a node's current usage without booking: whether
-// a request of the given shape (its Key) fits and its score, memoized per
-// node version.
-func (c *Cache) Fit(a *allocator.Allocator, name string, shape Shape, r *allocator.Request) (allocator.Reason, float64, error) {
+// Fit says whether a request of the given shape (its Key) fits a node's
+// current usage, without booking. Filter asks it once per node per pod.
+func (c *Cache) Fit(a *allocator.Allocator, name string, shape Shape, r *allocator.Request) (allocator.Reason, error) {
+	reason, _, err := c.place(a, name, shape, r, r.FitIgnoresWorkload())
+	return reason, err
+}
+
+// Score is Fit with the node's score under a's policy and workload.
+func (c *Cache) Score(a *allocator.Allocator, name string, shape Shape, r *allocator.Request) (allocator.Reason, float64, error) {
+	return c.place(a, name, shape, r, false)
+}
+
+// place runs the allocator on a node's current usage, memoized per node
+// version and shape; anyAlloc accepts an answer another allocator (another
+// workload) memoized.
+func (c *Cache) place(a *allocator.Allocator, name string, shape Shape, r *allocator.Request, anyAlloc bool) (allocator.Reason, float64, error) {
 	c.mu.RLock()
 	s, ok := c.nodes[name]
 	c.mu.RUnlock()
@@ -379,15 +395,15 @@ func (c *Cache) Fit(a *allocator.Allocator, name string, shape Shape, r *allocat
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.memoAlloc != a || s.memo == nil {
-		s.memoAlloc, s.memo = a, map[Shape]memoEntry{}
+	if s.memo == nil {
+		s.memo = map[Shape]memoEntry{}
 	}
-	if e, ok := s.memo[shape]; ok && e.version == s.node.Version {
+	if e, ok := s.memo[shape]; ok && e.version == s.node.Version && (e.alloc == a || anyAlloc) {
 		return e.reason, e.score, nil
 	}
 	var p allocator.Placement
 	reason := a.Place(s.node, r, &p)
-	s.memo[shape] = memoEntry{version: s.node.Version, reason: reason, score: p.Score}
+	s.memo[shape] = memoEntry{version: s.node.Version, reason: reason, score: p.Score, alloc: a}
 	return reason, p.Score, nil
 }
 

@@ -196,7 +196,7 @@ func TestShrunkInventoryKeepsBookings(t *testing.T) {
 	a := newAllocator(t)
 	req := wholeGPUs(1)
 	fits := func() bool {
-		reason, _, err := c.Fit(a, "n1", c.Shape("whole"), req)
+		reason, err := c.Fit(a, "n1", c.Shape("whole"), req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -391,19 +391,73 @@ func TestFitMemoFollowsTheNode(t *testing.T) {
 	}
 	a := newAllocator(t)
 	whole := wholeGPUs(1)
-	reason, _, err := c.Fit(a, "n1", c.Shape(whole.Key()), whole)
+	reason, err := c.Fit(a, "n1", c.Shape(whole.Key()), whole)
 	if err != nil || !reason.OK() {
 		t.Fatalf("empty node: %v, %v", reason, err)
 	}
 	if _, reason, err := c.Reserve(a, "u1", "ns/p", "n1", whole); err != nil || !reason.OK() {
 		t.Fatal(reason, err)
 	}
-	if reason, _, _ := c.Fit(a, "n1", c.Shape(whole.Key()), whole); reason.OK() {
+	if reason, _ := c.Fit(a, "n1", c.Shape(whole.Key()), whole); reason.OK() {
 		t.Fatal("memo answered for the empty node after its GPU was booked")
 	}
 	c.Forget("u1")
-	if reason, _, _ := c.Fit(a, "n1", c.Shape(whole.Key()), whole); !reason.OK() {
+	if reason, _ := c.Fit(a, "n1", c.Shape(whole.Key()), whole); !reason.OK() {
 		t.Fatalf("after release: %v", reason)
+	}
+}
+
+// TestFitMemoOutlivesTheWorkload: the workload tracker swaps allocators
+// every few dozen pods. A request whose fit ignores the workload keeps its
+// memoized fit across the swap (Filter places nothing again); one with two
+// GPU containers, whose fit may depend on it, is placed again; Score always
+// answers with the new workload's score.
+func TestFitMemoOutlivesTheWorkload(t *testing.T) {
+	c := NewCache(1.5)
+	if _, err := c.SetNode("v1", testInventory("n1", 4, 81920, true)); err != nil {
+		t.Fatal(err)
+	}
+	a := newAllocator(t)
+	// One GPU partly taken, so the GPUs score apart.
+	if _, reason, err := c.Reserve(a, "u1", "ns/p1", "n1", sliceOf(gpu.ModeMPS, 30720, 30)); err != nil || !reason.OK() {
+		t.Fatal(reason, err)
+	}
+	w, err := allocator.NewWorkload([]allocator.ShapeCount{{Request: sliceOf(gpu.ModeMPS, 51200, 60), Count: 10}}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := a.WithWorkload(w)
+	one := sliceOf(gpu.ModeMPS, 10240, 10)
+	two := &allocator.Request{Sharing: gpu.ModeMPS, Containers: []allocator.Container{
+		{Name: "a", Count: 1, MemoryMiB: 10240, Cores: 100}, {Name: "b", Count: 1, MemoryMiB: 10240, Cores: 100}}}
+	for _, tc := range []struct {
+		name        string
+		req         *allocator.Request
+		placesAgain bool
+	}{{"one GPU container", one, false}, {"two GPU containers", two, true}} {
+		shape := c.Shape(tc.req.Key())
+		allocs := testing.AllocsPerRun(10, func() {
+			for _, alloc := range []*allocator.Allocator{a, b} {
+				if reason, err := c.Fit(alloc, "n1", shape, tc.req); err != nil || !reason.OK() {
+					t.Fatalf("%s: %v, %v", tc.name, reason, err)
+				}
+			}
+		})
+		if placed := allocs > 0; placed != tc.placesAgain {
+			t.Errorf("%s: Fit placed again after the workload changed: %v, want %v (%v allocations a round)", tc.name, placed, tc.placesAgain, allocs)
+		}
+	}
+	shape := c.Shape(one.Key())
+	c.Fit(a, "n1", shape, one)
+	_, got, _ := c.Score(b, "n1", shape, one)
+	var pa, pb allocator.Placement
+	a.Place(c.Snapshot("n1"), one, &pa)
+	b.Place(c.Snapshot("n1"), one, &pb)
+	if pa.Score == pb.Score {
+		t.Fatalf("the two workloads score alike (%v): the test needs them apart", pa.Score)
+	}
+	if got != pb.Score {
+		t.Errorf("Score after a workload swap: %v, want the new workload's %v (the old one gave %v)", got, pb.Score, pa.Score)
 	}
 }
 

@@ -22,8 +22,8 @@ const scoreScale = 1e6
 
 // Score is the allocator's score of the node under the configured policy:
 // the memo Filter filled answers it without placing again, unless the node
-// changed in between (a binding completed, a pod left), when it is placed
-// afresh. Reserve places once more under the node's lock, so a ranking that
+// changed in between (a binding completed, a pod left) or the workload did,
+// when it is placed afresh. Reserve places once more under the node's lock, so a ranking that
 // moved never books anything stale.
 func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
 	s := readState(state)
@@ -33,7 +33,7 @@ func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeI
 	if s.timed {
 		defer observeSince(scoreDuration, time.Now())
 	}
-	reason, score, err := p.cache.Fit(s.alloc, nodeInfo.Node().Name, s.shape, s.req)
+	reason, score, err := p.cache.Score(s.alloc, nodeInfo.Node().Name, s.shape, s.req)
 	if err != nil || !reason.OK() {
 		return math.MinInt64 / 2, nil // changed since Filter; rank it last
 	}
