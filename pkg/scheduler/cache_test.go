@@ -407,6 +407,33 @@ func TestFitMemoFollowsTheNode(t *testing.T) {
 	}
 }
 
+// TestFitMemoWaysClash: two shapes that share a memo way evict each other,
+// and each still gets its own answer.
+func TestFitMemoWaysClash(t *testing.T) {
+	c := NewCache(1)
+	if _, err := c.SetNode("v1", testInventory("n1", 1, 81920, false)); err != nil {
+		t.Fatal(err)
+	}
+	a := newAllocator(t)
+	one, two := wholeGPUs(1), wholeGPUs(2)
+	first := c.Shape(one.Key())
+	for i := 1; i < memoWays; i++ {
+		c.Shape(fmt.Sprintf("filler-%d", i))
+	}
+	second := c.Shape(two.Key())
+	if int(first)%memoWays != int(second)%memoWays {
+		t.Fatalf("shapes %d and %d do not share a way", first, second)
+	}
+	for range 3 {
+		if reason, err := c.Fit(a, "n1", first, one); err != nil || !reason.OK() {
+			t.Fatalf("one GPU on a one-GPU node: %v, %v", reason, err)
+		}
+		if reason, err := c.Fit(a, "n1", second, two); err != nil || reason.OK() {
+			t.Fatalf("two GPUs on a one-GPU node: %v, %v", reason, err)
+		}
+	}
+}
+
 // TestFitMemoOutlivesTheWorkload: the workload tracker swaps allocators
 // every few dozen pods. A request whose fit ignores the workload keeps its
 // memoized fit across the swap (Filter places nothing again); one with two
