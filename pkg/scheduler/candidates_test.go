@@ -177,3 +177,25 @@ func TestTooManyGPUsWaitsForTheCache(t *testing.T) {
 		t.Fatalf("after the handler applied the inventory, activated %v", got)
 	}
 }
+
+// TestNarrowsSearch: candidates are handed over only where the framework's
+// count of nodes to find does not grow.
+func TestNarrowsSearch(t *testing.T) {
+	hundred := int32(100)
+	for _, c := range []struct {
+		candidates, all int
+		percentage      *int32
+		want            bool
+	}{
+		{500, 1000, nil, true},       // 230 to find instead of 420
+		{2500, 5000, nil, false},     // 750 instead of 500
+		{1000, 5000, nil, true},      // 420 instead of 500
+		{250, 5000, nil, true},       // 120 instead of 500
+		{50, 80, nil, true},          // under 100: all of them either way
+		{2500, 5000, &hundred, true}, // every node scored: fewer is less
+	} {
+		if got := narrowsSearch(c.candidates, c.all, c.percentage); got != c.want {
+			t.Errorf("narrowsSearch(%d of %d, %v) = %v, want %v", c.candidates, c.all, c.percentage, got, c.want)
+		}
+	}
+}

@@ -46,12 +46,23 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 		timed: p.cycles.Add(1)%timedCycleEvery == 1}
 	state.Write(stateKey, s)
 	// Only the nodes that could ever hold the pod are visited, unless the
-	// scheduler's snapshot has nodes the cache has not seen yet.
-	if cands := p.cache.Candidates(s.alloc, s.shape, req); cands.nodes != nil && cands.known >= len(nodes) {
+	// scheduler's snapshot has nodes the cache has not seen yet, or fewer
+	// candidates would make the framework look further (narrowsSearch).
+	if cands := p.cache.Candidates(s.alloc, s.shape, req); cands.nodes != nil && cands.known >= len(nodes) &&
+		narrowsSearch(cands.nodes.Len(), len(nodes), p.percentageOfNodesToScore()) {
 		s.excluded = cands.excluded
 		return &fwk.PreFilterResult{NodeNames: cands.nodes}, nil
 	}
 	return nil, nil
+}
+
+// percentageOfNodesToScore is the profile's setting, when the handle is the
+// framework's own (nil: not set, or not visible).
+func (p *Plugin) percentageOfNodesToScore() *int32 {
+	if h, ok := p.handle.(interface{ PercentageOfNodesToScore() *int32 }); ok {
+		return h.PercentageOfNodesToScore()
+	}
+	return nil
 }
 
 // waitIfBehind keeps a pod refused on the cache's view of the whole cluster
