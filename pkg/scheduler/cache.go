@@ -11,7 +11,9 @@ import (
 	"time"
 	"unsafe"
 
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
@@ -114,6 +116,9 @@ type nodeState struct {
 	// raw is the inventory annotation the node was built from, so an update
 	// that does not change it costs nothing.
 	raw string
+	// carrier is the latest node object seen carrying raw (see
+	// SameInventory), nil until one is.
+	carrier atomic.Pointer[v1.Node]
 	// memo remembers, per request shape, whether it fits and its score at
 	// the node's Version: a pod changes one node, so the next pods of the
 	// same shape re-place on that node only. The allocator is
@@ -709,34 +714,51 @@ func (c *Cache) Freed() uint64 { return c.freed.Load() }
 // inventory annotation than the one installed (raw; "" for none). The
 // scheduler's queue and this cache hear each event on their own goroutines,
 // so a pod the event requeued can be judged on the cache as it was before.
-func (c *Cache) Behind(node string, requestedSlots int64, raw string) bool {
+//
+// Filter asks it on every node it refuses, so it reads the snapshot's maps
+// only when it must: the requested slots only where the cache books any,
+// the annotation only where the node object is not the one the handler
+// last saw carrying the installed inventory (informer objects are never
+// modified in place, and the snapshot shares them).
+func (c *Cache) Behind(info fwk.NodeInfo) bool {
+	n := info.Node()
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	s, ok := c.nodes[node]
+	s, ok := c.nodes[n.Name]
 	if !ok {
-		return raw != ""
+		return n.Annotations[gpu.AnnotationInventory] != ""
 	}
-	return s.liveSlots > requestedSlots || s.raw != raw
+	if s.liveSlots > 0 && s.liveSlots > info.GetRequested().GetScalarResources()[gpu.ResourceGPU] {
+		return true
+	}
+	return s.carrier.Load() != n && s.raw != n.Annotations[gpu.AnnotationInventory]
 }
 
-// SameInventory reports whether raw is the inventory annotation the node's
-// usage was built from, so a node update that left it alone costs no
-// decoding. It then keeps raw, the newest copy of the string: Behind
-// compares the scheduler's snapshot of the node with it on every refusal,
-// and Go compares strings sharing their bytes without reading them.
-func (c *Cache) SameInventory(name, raw string) bool {
+// SameInventory reports whether the node object carries the inventory
+// annotation the node's usage was built from, so a node update that left it
+// alone costs no decoding. It then remembers the object as carrying it, and
+// keeps its copy of the string, the newest: Behind compares the scheduler's
+// snapshot of the node with them on every refusal, and Go compares strings
+// sharing their bytes without reading them. The handler calls it after
+// installing an inventory too, for the object it came from.
+func (c *Cache) SameInventory(node *v1.Node) bool {
+	raw := node.Annotations[gpu.AnnotationInventory]
 	c.mu.RLock()
-	s, ok := c.nodes[name]
+	s, ok := c.nodes[node.Name]
 	same := ok && s.raw == raw
 	sameBytes := same && unsafe.StringData(s.raw) == unsafe.StringData(raw)
+	if sameBytes {
+		s.carrier.Store(node)
+	}
 	c.mu.RUnlock()
 	if !same || sameBytes {
 		return same
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if s, ok := c.nodes[name]; ok && s.raw == raw {
+	if s, ok := c.nodes[node.Name]; ok && s.raw == raw {
 		s.raw = raw
+		s.carrier.Store(node)
 		return true
 	}
 	return false

@@ -524,20 +524,68 @@ func TestClusterExtentFollowsNodes(t *testing.T) {
 // Behind's comparison with the scheduler's snapshot shares its bytes.
 func TestSameInventory(t *testing.T) {
 	c := NewCache(1)
-	inv := testInventory("n1", 2, 81920, false)
-	raw := strings.Repeat("x", 64)
-	if _, err := c.SetNode(raw, inv); err != nil {
+	node := inventoryNode(t, testInventory("n1", 2, 81920, false))
+	raw := node.Annotations[gpu.AnnotationInventory]
+	if _, err := c.SetNode(raw, testInventory("n1", 2, 81920, false)); err != nil {
 		t.Fatal(err)
 	}
-	again := strings.Clone(raw) // the same annotation, as a later node object carries it
-	if !c.SameInventory("n1", again) {
+	later := node.DeepCopy() // the same annotation, as a later node object carries it (decoded anew)
+	again := strings.Clone(raw)
+	later.Annotations[gpu.AnnotationInventory] = again
+	if !c.SameInventory(later) {
 		t.Fatal("an equal annotation was not recognized")
 	}
 	if got := c.nodes["n1"].raw; unsafe.StringData(got) != unsafe.StringData(again) {
 		t.Fatal("the cache kept the older copy of the annotation")
 	}
-	if c.SameInventory("n1", raw+"y") || c.SameInventory("n2", raw) {
+	if got := c.nodes["n1"].carrier.Load(); got != later {
+		t.Fatal("the cache did not remember the later object as carrying the inventory")
+	}
+	changed := node.DeepCopy()
+	changed.Annotations[gpu.AnnotationInventory] += "y"
+	other := node.DeepCopy()
+	other.Name = "n2"
+	if c.SameInventory(changed) || c.SameInventory(other) {
 		t.Fatal("a changed annotation, or an unknown node, was taken as unchanged")
+	}
+}
+
+// TestBehind: the cache is behind the scheduler's snapshot of a node when it
+// books slots for a pod the snapshot no longer counts, or the snapshot's
+// node carries an inventory it has not installed — whether or not the
+// snapshot's object is the one the handler saw.
+func TestBehind(t *testing.T) {
+	c := NewCache(1)
+	inv := testInventory("n1", 2, 81920, false)
+	seen := inventoryNode(t, inv)
+	if _, err := c.SetNode(seen.Annotations[gpu.AnnotationInventory], inv); err != nil {
+		t.Fatal(err)
+	}
+	c.SameInventory(seen)
+	bound := gpuPod(t, "p1", "n1", 0)
+	if err := c.AddBound(bound.UID, "ml/p1", grant("n1", 0, 81920, 1000, gpu.ModeExclusive)); err != nil {
+		t.Fatal(err)
+	}
+	copyOf := seen.DeepCopy() // an equal object the handler never saw
+	newer := seen.DeepCopy()
+	newer.Annotations[gpu.AnnotationInventory] = inventoryNode(t, testInventory("n1", 4, 81920, false)).Annotations[gpu.AnnotationInventory]
+	unknown := inventoryNode(t, testInventory("n9", 1, 81920, false))
+	bare := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n8"}}
+	for _, tc := range []struct {
+		name string
+		info fwk.NodeInfo
+		want bool
+	}{
+		{"the object the handler saw, with the pod", snapshotOf(seen, bound), false},
+		{"an equal object, with the pod", snapshotOf(copyOf, bound), false},
+		{"the pod already gone from the snapshot", snapshotOf(seen), true},
+		{"a newer inventory", snapshotOf(newer, bound), true},
+		{"a node the cache has not installed", snapshotOf(unknown), true},
+		{"a node without inventory", snapshotOf(bare), false},
+	} {
+		if got := c.Behind(tc.info); got != tc.want {
+			t.Errorf("%s: Behind = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
 

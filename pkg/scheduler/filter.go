@@ -73,8 +73,7 @@ func (p *Plugin) noteBehind(r *rejections, nodeInfo fwk.NodeInfo) {
 	if r == nil || r.behind.Load() {
 		return
 	}
-	n := nodeInfo.Node()
-	if p.cache.Behind(n.Name, nodeInfo.GetRequested().GetScalarResources()[gpu.ResourceGPU], n.Annotations[gpu.AnnotationInventory]) {
+	if p.cache.Behind(nodeInfo) {
 		r.behind.Store(true)
 	}
 }

@@ -124,7 +124,7 @@ func (p *Plugin) applyNode(logger klog.Logger, obj any) {
 		}
 		return
 	}
-	if p.cache.SameInventory(node.Name, node.Annotations[gpu.AnnotationInventory]) {
+	if p.cache.SameInventory(node) {
 		return // a status or label update: nothing of Tessera's changed
 	}
 	inv, err := inventory.FromNode(node)
@@ -132,6 +132,7 @@ func (p *Plugin) applyNode(logger klog.Logger, obj any) {
 		var overfull []string
 		overfull, err = p.cache.SetNode(node.Annotations[gpu.AnnotationInventory], inv)
 		if err == nil {
+			p.cache.SameInventory(node) // remembers the object as carrying it
 			p.unreadable.Delete(node.Name)
 			if len(overfull) > 0 {
 				logger.Error(nil, "Pods' GPU assignments no longer fit their node's inventory; their GPUs stay booked, over-full, until they leave", "node", node.Name, "pods", overfull)
