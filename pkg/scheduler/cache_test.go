@@ -520,8 +520,9 @@ func TestClusterExtentFollowsNodes(t *testing.T) {
 }
 
 // TestSameInventory: a node update that left the inventory annotation alone
-// is recognized without decoding, and the cache keeps the newer string, so
-// Behind's comparison with the scheduler's snapshot shares its bytes.
+// is recognized without decoding, and the cache keeps the newer strings
+// (annotation and name), so Behind's comparison and Filter's lookup share
+// their bytes with the scheduler's snapshot.
 func TestSameInventory(t *testing.T) {
 	c := NewCache(1)
 	node := inventoryNode(t, testInventory("n1", 2, 81920, false))
@@ -532,6 +533,7 @@ func TestSameInventory(t *testing.T) {
 	later := node.DeepCopy() // the same annotation, as a later node object carries it (decoded anew)
 	again := strings.Clone(raw)
 	later.Annotations[gpu.AnnotationInventory] = again
+	later.Name = strings.Clone(node.Name)
 	if !c.SameInventory(later) {
 		t.Fatal("an equal annotation was not recognized")
 	}
@@ -540,6 +542,11 @@ func TestSameInventory(t *testing.T) {
 	}
 	if got := c.nodes["n1"].carrier.Load(); got != later {
 		t.Fatal("the cache did not remember the later object as carrying the inventory")
+	}
+	for key := range c.nodes {
+		if unsafe.StringData(key) != unsafe.StringData(later.Name) {
+			t.Fatal("the cache keys the node by an older copy of its name")
+		}
 	}
 	changed := node.DeepCopy()
 	changed.Annotations[gpu.AnnotationInventory] += "y"

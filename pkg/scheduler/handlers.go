@@ -129,6 +129,7 @@ func (p *Plugin) applyNode(logger klog.Logger, obj any) {
 	}
 	inv, err := inventory.FromNode(node)
 	if err == nil {
+		inv.Node = node.Name // equal (FromNode checks it); the cache keys by this copy (putNodeLocked)
 		var overfull []string
 		overfull, err = p.cache.SetNode(node.Annotations[gpu.AnnotationInventory], inv)
 		if err == nil {
