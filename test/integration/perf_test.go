@@ -37,7 +37,9 @@ import (
 // pod bound) and the p99 of the scheduler's own
 // scheduling_attempt_duration_seconds for the profile, over the measured
 // attempts. Cases:
-//   - nodes=1000: the cluster alone;
+//   - nodes=1000 and nodes=5000: the cluster alone (at 5,000 nodes, the
+//     plugin's own cost per pod, without the waiting pods' retries that set
+//     the pace of the next case);
 //   - nodes=5000/waiting=1000/churn: 1,000 pods (half per profile) wait
 //     unschedulable throughout (they ask for more GPUs than a node has), and
 //     while a round's pods arrive, GPU pods bound earlier are deleted, 20 a
@@ -55,6 +57,7 @@ import (
 func BenchmarkSchedulingThroughput(b *testing.B) {
 	for _, tc := range []throughputCase{
 		{nodes: 1000},
+		{nodes: 5000},
 		{nodes: 5000, waiting: 1000, churn: true},
 	} {
 		b.Run(tc.String(), func(b *testing.B) { runThroughput(b, tc) })
