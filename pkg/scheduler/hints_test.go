@@ -161,6 +161,7 @@ func TestHintsOnlyLook(t *testing.T) {
 		{"pod without GPUs deleted", p.hintGPUPodGone, plain, nil, fwk.QueueSkip, nil},
 		{"not a pod", p.hintGPUPodGone, "what", nil, fwk.Queue, nil},
 		{"GPU pod deleted, waiting pod larger than any node", p.hintGPUPodGone, held, nil, fwk.QueueSkip, tooBig},
+		{"not a pod, waiting pod larger than any node", p.hintGPUPodGone, "what", nil, fwk.QueueSkip, tooBig},
 		{"node added, waiting pod larger than any node", p.hintInventoryChanged, nil, node, fwk.Queue, tooBig},
 		{"node added with an inventory", p.hintInventoryChanged, nil, node, fwk.Queue, nil},
 		{"inventory changed", p.hintInventoryChanged, node, changed, fwk.Queue, nil},
