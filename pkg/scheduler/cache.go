@@ -213,6 +213,19 @@ const goneTTL = 10 * time.Minute
 // can report them. Assignments AddBound refused (they never fit: a forged
 // or corrupted record) are tried again, and stay uncounted unless they fit.
 func (c *Cache) SetNode(raw string, inv *gpu.NodeInventory) ([]string, error) {
+	return c.setNode(raw, inv, nil)
+}
+
+// SetNodeFrom is SetNode for the inventory read from a node object (the
+// handler's case): the node is filed under the object's own copy of its
+// name (see putNodeLocked) and the object remembered as carrying the
+// inventory (see Behind). inv must describe that node.
+func (c *Cache) SetNodeFrom(node *v1.Node, inv *gpu.NodeInventory) ([]string, error) {
+	inv.Node = node.Name
+	return c.setNode(node.Annotations[gpu.AnnotationInventory], inv, node)
+}
+
+func (c *Cache) setNode(raw string, inv *gpu.NodeInventory, carrier *v1.Node) ([]string, error) {
 	n, err := allocator.NewNode(inv)
 	if err != nil {
 		return nil, err
@@ -222,6 +235,9 @@ func (c *Cache) SetNode(raw string, inv *gpu.NodeInventory) ([]string, error) {
 	var overfull []string
 	c.mu.Lock()
 	if old, ok := c.nodes[inv.Node]; ok && old.raw == raw {
+		if carrier != nil {
+			old.carrier.Store(carrier)
+		}
 		c.mu.Unlock()
 		return nil, nil
 	}
@@ -276,7 +292,11 @@ func (c *Cache) SetNode(raw string, inv *gpu.NodeInventory) ([]string, error) {
 			}
 		}
 	}
-	c.putNodeLocked(inv.Node, &nodeState{node: n, raw: raw, reclaimed: reclaimed, liveSlots: live, empty: empty})
+	s := &nodeState{node: n, raw: raw, reclaimed: reclaimed, liveSlots: live, empty: empty}
+	if carrier != nil {
+		s.carrier.Store(carrier)
+	}
+	c.putNodeLocked(inv.Node, s)
 	delete(c.bare, inv.Node)
 	c.epoch.Add(1)
 	c.freed.Add(1)
@@ -739,8 +759,7 @@ func (c *Cache) Behind(info fwk.NodeInfo) bool {
 // alone costs no decoding. It then remembers the object as carrying it, and
 // keeps its copy of the string, the newest: Behind compares the scheduler's
 // snapshot of the node with them on every refusal, and Go compares strings
-// sharing their bytes without reading them. The handler calls it after
-// installing an inventory too, for the object it came from.
+// sharing their bytes without reading them.
 func (c *Cache) SameInventory(node *v1.Node) bool {
 	raw := node.Annotations[gpu.AnnotationInventory]
 	c.mu.RLock()

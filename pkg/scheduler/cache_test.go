@@ -565,10 +565,9 @@ func TestBehind(t *testing.T) {
 	c := NewCache(1)
 	inv := testInventory("n1", 2, 81920, false)
 	seen := inventoryNode(t, inv)
-	if _, err := c.SetNode(seen.Annotations[gpu.AnnotationInventory], inv); err != nil {
+	if _, err := c.SetNodeFrom(seen, inv); err != nil { // as the handler installs it
 		t.Fatal(err)
 	}
-	c.SameInventory(seen)
 	bound := gpuPod(t, "p1", "n1", 0)
 	if err := c.AddBound(bound.UID, "ml/p1", grant("n1", 0, 81920, 1000, gpu.ModeExclusive)); err != nil {
 		t.Fatal(err)

@@ -129,11 +129,9 @@ func (p *Plugin) applyNode(logger klog.Logger, obj any) {
 	}
 	inv, err := inventory.FromNode(node)
 	if err == nil {
-		inv.Node = node.Name // equal (FromNode checks it); the cache keys by this copy (putNodeLocked)
 		var overfull []string
-		overfull, err = p.cache.SetNode(node.Annotations[gpu.AnnotationInventory], inv)
+		overfull, err = p.cache.SetNodeFrom(node, inv)
 		if err == nil {
-			p.cache.SameInventory(node) // remembers the object as carrying it
 			p.unreadable.Delete(node.Name)
 			if len(overfull) > 0 {
 				logger.Error(nil, "Pods' GPU assignments no longer fit their node's inventory; their GPUs stay booked, over-full, until they leave", "node", node.Name, "pods", overfull)
