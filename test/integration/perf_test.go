@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -234,8 +235,12 @@ func runThroughput(b *testing.B, tc throughputCase) {
 			// the waiting pods' retries: the same load under both
 			// profiles' rounds, or the comparison is not fair.
 			after := unschedulableAttempts(b, profiles)
-			b.Logf("round %d %-18s %7.1f pods/s, %5.2f CPU-ms per pod (the whole process: API server, etcd, scheduler); attempts unschedulable during it: %v %v, %v %v",
-				r, profile, rate, cpuPerPod, baseline, after[0]-refused[0], tesseraScheduler, after[1]-refused[1])
+			var during []string
+			for i, p := range profiles {
+				during = append(during, fmt.Sprintf("%s %v", p, after[i]-refused[i]))
+			}
+			b.Logf("round %d %-18s %7.1f pods/s, %5.2f CPU-ms per pod (the whole process: API server, etcd, scheduler); attempts unschedulable during it: %s",
+				r, profile, rate, cpuPerPod, strings.Join(during, ", "))
 		}
 	}
 	if tc.churn {
