@@ -476,7 +476,7 @@ func TestFitMemoOutlivesTheWorkload(t *testing.T) {
 	}
 	shape := c.Shape(one.Key())
 	c.Fit(a, "n1", shape, one)
-	_, got, _ := c.Score(b, "n1", shape, one)
+	_, got, _ := c.ScoreNode(b, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}, shape, one) // no carrier: found by name
 	var pa, pb allocator.Placement
 	a.Place(c.Snapshot("n1"), one, &pa)
 	b.Place(c.Snapshot("n1"), one, &pb)
@@ -540,8 +540,11 @@ func TestSameInventory(t *testing.T) {
 	if got := c.nodes["n1"].raw; unsafe.StringData(got) != unsafe.StringData(again) {
 		t.Fatal("the cache kept the older copy of the annotation")
 	}
-	if got := c.nodes["n1"].carrier.Load(); got != later {
+	if got := c.nodes["n1"].carrier; got != later {
 		t.Fatal("the cache did not remember the later object as carrying the inventory")
+	}
+	if c.byCarrier[later] != c.nodes["n1"] || len(c.byCarrier) != 1 {
+		t.Fatalf("the node is not filed under the later object alone: %v", c.byCarrier)
 	}
 	for key := range c.nodes {
 		if unsafe.StringData(key) != unsafe.StringData(later.Name) {
@@ -792,5 +795,60 @@ func TestStoppedCacheReportsNothing(t *testing.T) {
 	c.RemoveNode("n1")
 	if got := strings.Join(reports, " "); got != "n1:0 n1:1" {
 		t.Fatalf("reports %q, want only those before the stop (n1:0 n1:1)", got)
+	}
+}
+
+// TestFitNodeByCarrier: a node found by its object's address is the state
+// the cache holds for its name, whatever happened to the node since: a new
+// inventory (a fresh state), a newer object, the node's removal. A stale
+// entry would answer from usage the cache no longer has.
+func TestFitNodeByCarrier(t *testing.T) {
+	a := newAllocator(t)
+	whole := wholeGPUs(2)
+	c := NewCache(1)
+	first := inventoryNode(t, testInventory("n1", 2, 81920, false))
+	if _, err := c.SetNodeFrom(first, testInventory("n1", 2, 81920, false)); err != nil {
+		t.Fatal(err)
+	}
+	shape := c.Shape(whole.Key())
+	if reason, err := c.FitNode(a, first, shape, whole); err != nil || !reason.OK() {
+		t.Fatalf("two whole GPUs on an empty two-GPU node: %v, %v", reason, err)
+	}
+	// One GPU fewer: a new state; the first object must not reach the old one.
+	second := inventoryNode(t, testInventory("n1", 1, 81920, false))
+	if _, err := c.SetNodeFrom(second, testInventory("n1", 1, 81920, false)); err != nil {
+		t.Fatal(err)
+	}
+	for _, obj := range []*v1.Node{first, second} {
+		if reason, err := c.FitNode(a, obj, shape, whole); err != nil || reason.Code != allocator.NotEnoughWholeGPUs {
+			t.Fatalf("two whole GPUs on a one-GPU node, asked with %p: %v, %v", obj, reason, err)
+		}
+	}
+	if len(c.byCarrier) != 1 || c.byCarrier[second] == nil {
+		t.Fatalf("byCarrier holds %d entries, want the second object's alone", len(c.byCarrier))
+	}
+	// A booking changes the answer read through the carrier (the memo's
+	// version mirror follows it).
+	one := wholeGPUs(1)
+	oneShape := c.Shape(one.Key())
+	if reason, err := c.FitNode(a, second, oneShape, one); err != nil || !reason.OK() {
+		t.Fatalf("one whole GPU on an empty one-GPU node: %v, %v", reason, err)
+	}
+	if _, reason, err := c.Reserve(a, "p1", "ns/p1", "n1", one); err != nil || !reason.OK() {
+		t.Fatalf("reserve: %v, %v", reason, err)
+	}
+	if reason, err := c.FitNode(a, second, oneShape, one); err != nil || reason.OK() {
+		t.Fatalf("one whole GPU on a full node: %v, %v", reason, err)
+	}
+	c.Forget("p1")
+	if reason, err := c.FitNode(a, second, oneShape, one); err != nil || !reason.OK() {
+		t.Fatalf("one whole GPU after the booking left: %v, %v", reason, err)
+	}
+	c.RemoveNode("n1")
+	if _, err := c.FitNode(a, second, oneShape, one); err == nil {
+		t.Fatal("a removed node's object still found its state")
+	}
+	if len(c.byCarrier) != 0 {
+		t.Fatalf("byCarrier holds %d entries after the node left", len(c.byCarrier))
 	}
 }

@@ -34,7 +34,7 @@ func (p *Plugin) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, 
 			err = errNoInventory
 		}
 	} else {
-		reason, err = p.cache.Fit(s.alloc, name, s.shape, s.req)
+		reason, err = p.cache.FitNode(s.alloc, nodeInfo.Node(), s.shape, s.req)
 	}
 	if err != nil {
 		rejectedNoInventory.Inc()

@@ -31,7 +31,7 @@ func BenchmarkFilterPerNode(b *testing.B) {
 		mps := i%2 == 0
 		inv := testInventory(name, gpus, 81920, mps)
 		node := inventoryNode(b, inv)
-		if _, err := p.cache.SetNode(node.Annotations[gpu.AnnotationInventory], inv); err != nil {
+		if _, err := p.cache.SetNodeFrom(node, inv); err != nil {
 			b.Fatal(err)
 		}
 		mode := gpu.ModeTimeSlicing

@@ -33,7 +33,7 @@ func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeI
 	if s.timed {
 		defer observeSince(scoreDuration, time.Now())
 	}
-	reason, score, err := p.cache.Score(s.alloc, nodeInfo.Node().Name, s.shape, s.req)
+	reason, score, err := p.cache.ScoreNode(s.alloc, nodeInfo.Node(), s.shape, s.req)
 	if err != nil || !reason.OK() {
 		return math.MinInt64 / 2, nil // changed since Filter; rank it last
 	}
