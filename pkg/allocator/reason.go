@@ -127,6 +127,18 @@ func (c Code) Message() string {
 	return c.String()
 }
 
+// FromInventory reports whether the code follows from the node's inventory
+// alone (its GPUs' health, models, MPS and kernel memory limits), whatever
+// is booked there: a refusal with such a code can be stale only if the
+// inventory is, never because a booking changed.
+func (c Code) FromInventory() bool {
+	switch c {
+	case NoHealthyGPU, NoAllowedModel, NoMPS, NoTimeSlicing, NoHardMemory:
+		return true
+	}
+	return false
+}
+
 // short is the code's clause in Summarize's line: "<n> nodes short of …".
 var short = [...]string{Fits: "", InsufficientCPU: "CPU", InsufficientMemory: "memory", NoAllowedModel: "an allowed GPU model",
 	NoHealthyGPU: "healthy GPUs", NotEnoughWholeGPUs: "whole GPUs", NoFragment: "a GPU fragment", ModeConflict: "a GPU in the pod's sharing mode",

@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
 )
 
 // TestCodeMessagesCarryNoNumbers: Filter's message is the same on every
@@ -68,4 +71,52 @@ func TestSummarizeOnAThousandNodes(t *testing.T) {
 		}
 	}
 	t.Logf("%d bytes: %s", len(got), got)
+}
+
+// TestFromInventory: the codes FromInventory names stay the node's answer
+// however much is booked on it (the scheduler skips asking whether its
+// cache is behind on bookings for them), and no other code is named.
+func TestFromInventory(t *testing.T) {
+	mpsSlice := slice(10240, 20)
+	mpsSlice.Sharing = gpu.ModeMPS
+	timeSlice := slice(10240, 20)
+	timeSlice.Sharing = gpu.ModeTimeSlicing
+	h100 := slice(10240, 20)
+	h100.Models = []string{"H100"}
+	for _, tc := range []struct {
+		name      string
+		mps       bool
+		req, book *Request
+		want      Code
+	}{
+		{"mps slice on GPUs without MPS", false, mpsSlice, timeSlice, NoMPS},
+		{"time-sliced slice on MPS GPUs", true, timeSlice, mpsSlice, NoTimeSlicing},
+		{"a model the node lacks", false, h100, whole(1), NoAllowedModel},
+	} {
+		a := newAllocator(t, config.PolicyBinpack, 1)
+		n := testNode(t, "n", 2, 81920, tc.mps)
+		var p Placement
+		if why := a.Place(n, checked(t, tc.req), &p); why.Code != tc.want {
+			t.Fatalf("%s, empty node: %v, want %v", tc.name, why, tc.want)
+		}
+		for range 2 {
+			var bp Placement
+			if why := a.Place(n, checked(t, tc.book), &bp); !why.OK() {
+				t.Fatalf("%s: booking: %v", tc.name, why)
+			}
+			n.Apply(tc.book, &bp)
+			if why := a.Place(n, tc.req, &p); why.Code != tc.want {
+				t.Fatalf("%s, after a booking: %v, want %v", tc.name, why, tc.want)
+			}
+		}
+		if !tc.want.FromInventory() {
+			t.Errorf("%v.FromInventory() = false", tc.want)
+		}
+	}
+	inventory := map[Code]bool{NoHealthyGPU: true, NoAllowedModel: true, NoMPS: true, NoTimeSlicing: true, NoHardMemory: true}
+	for c := range Code(NumCodes) {
+		if got := c.FromInventory(); got != inventory[c] {
+			t.Errorf("%v.FromInventory() = %v, want %v", c, got, inventory[c])
+		}
+	}
 }

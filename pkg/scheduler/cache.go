@@ -125,8 +125,11 @@ type nodeState struct {
 	raw string
 	// carrier is the latest node object seen carrying raw (see
 	// SameInventory), nil until one is; the state is filed under it in
-	// byCarrier. Guarded by the cache's mu.
-	carrier *v1.Node
+	// byCarrier. carrierSlots is its allocatable tessera.dev/gpu, read once
+	// per object rather than from the snapshot's map on every Filter call.
+	// Guarded by the cache's mu.
+	carrier      *v1.Node
+	carrierSlots int64
 	// version mirrors node.Version (written under mu, with it), so a memo
 	// is read without the node's lock.
 	version atomic.Uint64
@@ -434,19 +437,29 @@ func (c *Cache) Fit(a *allocator.Allocator, name string, shape Shape, r *allocat
 }
 
 // FitNode is Fit for the scheduler's node object, found by its address
-// where it is the node's carrier.
-func (c *Cache) FitNode(a *allocator.Allocator, node *v1.Node, shape Shape, r *allocator.Request) (allocator.Reason, error) {
-	s, ok := c.stateOf(node)
-	if !ok {
-		return allocator.Reason{}, errNoInventory
+// where it is the node's carrier. It also returns the object's allocatable
+// tessera.dev/gpu (kubelet's device-plugin slots) where the cache has read
+// it, -1 where it has not (the object is not the carrier).
+func (c *Cache) FitNode(a *allocator.Allocator, node *v1.Node, shape Shape, r *allocator.Request) (reason allocator.Reason, allocatableSlots int64, err error) {
+	c.mu.RLock()
+	s, carried, ok := c.stateOfLocked(node)
+	allocatableSlots = -1
+	if carried {
+		allocatableSlots = s.carrierSlots
 	}
-	reason, _ := s.place(a, shape, r, r.FitIgnoresWorkload())
-	return reason, nil
+	c.mu.RUnlock()
+	if !ok {
+		return allocator.Reason{}, -1, errNoInventory
+	}
+	reason, _ = s.place(a, shape, r, r.FitIgnoresWorkload())
+	return reason, allocatableSlots, nil
 }
 
 // ScoreNode is FitNode with the node's score under a's policy and workload.
 func (c *Cache) ScoreNode(a *allocator.Allocator, node *v1.Node, shape Shape, r *allocator.Request) (allocator.Reason, float64, error) {
-	s, ok := c.stateOf(node)
+	c.mu.RLock()
+	s, _, ok := c.stateOfLocked(node)
+	c.mu.RUnlock()
 	if !ok {
 		return allocator.Reason{}, 0, errNoInventory
 	}
@@ -454,21 +467,15 @@ func (c *Cache) ScoreNode(a *allocator.Allocator, node *v1.Node, shape Shape, r 
 	return reason, score, nil
 }
 
-// stateOf finds a node's state: by the object's address where it is the
-// node's carrier (the scheduler's snapshot shares the informer's objects),
-// by its name otherwise.
-func (c *Cache) stateOf(node *v1.Node) (*nodeState, bool) {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return c.stateOfLocked(node)
-}
-
-func (c *Cache) stateOfLocked(node *v1.Node) (*nodeState, bool) {
+// stateOfLocked finds a node's state: by the object's address where it is
+// the node's carrier (carried; the scheduler's snapshot shares the
+// informer's objects), by its name otherwise. Called with mu held.
+func (c *Cache) stateOfLocked(node *v1.Node) (s *nodeState, carried, ok bool) {
 	if s, ok := c.byCarrier[node]; ok {
-		return s, true
+		return s, true, true
 	}
-	s, ok := c.nodes[node.Name]
-	return s, ok
+	s, ok = c.nodes[node.Name]
+	return s, false, ok
 }
 
 // place runs the allocator on the node's current usage, memoized per node
@@ -787,20 +794,25 @@ func (c *Cache) Freed() uint64 { return c.freed.Load() }
 // scheduler's queue and this cache hear each event on their own goroutines,
 // so a pod the event requeued can be judged on the cache as it was before.
 //
+// bookings says whether the refusal being judged depends on what is booked:
+// one that follows from the inventory alone (allocator.Code.FromInventory)
+// can be stale only if the inventory is.
+//
 // Filter asks it on every node it refuses, so it reads the snapshot's maps
-// only when it must: the requested slots only where the cache books any,
-// the annotation only where the node object is not the one the handler
-// last saw carrying the installed inventory (informer objects are never
-// modified in place, and the snapshot shares them).
-func (c *Cache) Behind(info fwk.NodeInfo) bool {
+// only when it must: the requested slots only where the cache books any
+// and the refusal depends on bookings, the annotation only where the node
+// object is not the one the handler last saw carrying the installed
+// inventory (informer objects are never modified in place, and the
+// snapshot shares them).
+func (c *Cache) Behind(info fwk.NodeInfo, bookings bool) bool {
 	n := info.Node()
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	s, ok := c.stateOfLocked(n)
+	s, _, ok := c.stateOfLocked(n)
 	if !ok {
 		return n.Annotations[gpu.AnnotationInventory] != ""
 	}
-	if s.liveSlots > 0 && s.liveSlots > info.GetRequested().GetScalarResources()[gpu.ResourceGPU] {
+	if bookings && s.liveSlots > 0 && s.liveSlots > info.GetRequested().GetScalarResources()[gpu.ResourceGPU] {
 		return true
 	}
 	return s.carrier != n && s.raw != n.Annotations[gpu.AnnotationInventory]
@@ -843,9 +855,12 @@ func (c *Cache) carryLocked(s *nodeState, node *v1.Node) {
 	if s.carrier != nil && c.byCarrier[s.carrier] == s {
 		delete(c.byCarrier, s.carrier)
 	}
-	s.carrier = node
+	s.carrier, s.carrierSlots = node, 0
 	if node != nil {
 		c.byCarrier[node] = s
+		if q, ok := node.Status.Allocatable[gpu.ResourceGPU]; ok {
+			s.carrierSlots = q.Value()
+		}
 	}
 }
 

@@ -581,18 +581,21 @@ func TestBehind(t *testing.T) {
 	unknown := inventoryNode(t, testInventory("n9", 1, 81920, false))
 	bare := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n8"}}
 	for _, tc := range []struct {
-		name string
-		info fwk.NodeInfo
-		want bool
+		name          string
+		info          fwk.NodeInfo
+		inventoryOnly bool // the refusal follows from the inventory alone
+		want          bool
 	}{
-		{"the object the handler saw, with the pod", snapshotOf(seen, bound), false},
-		{"an equal object, with the pod", snapshotOf(copyOf, bound), false},
-		{"the pod already gone from the snapshot", snapshotOf(seen), true},
-		{"a newer inventory", snapshotOf(newer, bound), true},
-		{"a node the cache has not installed", snapshotOf(unknown), true},
-		{"a node without inventory", snapshotOf(bare), false},
+		{"the object the handler saw, with the pod", snapshotOf(seen, bound), false, false},
+		{"an equal object, with the pod", snapshotOf(copyOf, bound), false, false},
+		{"the pod already gone from the snapshot", snapshotOf(seen), false, true},
+		{"the pod already gone, an inventory-only refusal", snapshotOf(seen), true, false},
+		{"a newer inventory", snapshotOf(newer, bound), false, true},
+		{"a newer inventory, an inventory-only refusal", snapshotOf(newer, bound), true, true},
+		{"a node the cache has not installed", snapshotOf(unknown), true, true},
+		{"a node without inventory", snapshotOf(bare), false, false},
 	} {
-		if got := c.Behind(tc.info); got != tc.want {
+		if got := c.Behind(tc.info, !tc.inventoryOnly); got != tc.want {
 			t.Errorf("%s: Behind = %v, want %v", tc.name, got, tc.want)
 		}
 	}
@@ -811,17 +814,20 @@ func TestFitNodeByCarrier(t *testing.T) {
 		t.Fatal(err)
 	}
 	shape := c.Shape(whole.Key())
-	if reason, err := c.FitNode(a, first, shape, whole); err != nil || !reason.OK() {
-		t.Fatalf("two whole GPUs on an empty two-GPU node: %v, %v", reason, err)
+	if reason, slots, err := c.FitNode(a, first, shape, whole); err != nil || !reason.OK() || slots != 16 {
+		t.Fatalf("two whole GPUs on an empty two-GPU node: %v, %d slots, %v; want fits, its 16 slots", reason, slots, err)
 	}
 	// One GPU fewer: a new state; the first object must not reach the old one.
 	second := inventoryNode(t, testInventory("n1", 1, 81920, false))
 	if _, err := c.SetNodeFrom(second, testInventory("n1", 1, 81920, false)); err != nil {
 		t.Fatal(err)
 	}
-	for _, obj := range []*v1.Node{first, second} {
-		if reason, err := c.FitNode(a, obj, shape, whole); err != nil || reason.Code != allocator.NotEnoughWholeGPUs {
-			t.Fatalf("two whole GPUs on a one-GPU node, asked with %p: %v, %v", obj, reason, err)
+	for _, tc := range []struct {
+		obj   *v1.Node
+		slots int64 // -1: the cache has not read this object's
+	}{{first, -1}, {second, 8}} {
+		if reason, slots, err := c.FitNode(a, tc.obj, shape, whole); err != nil || reason.Code != allocator.NotEnoughWholeGPUs || slots != tc.slots {
+			t.Fatalf("two whole GPUs on a one-GPU node, asked with %p: %v, %d slots, %v; want %v, %d slots", tc.obj, reason, slots, err, allocator.NotEnoughWholeGPUs, tc.slots)
 		}
 	}
 	if len(c.byCarrier) != 1 || c.byCarrier[second] == nil {
@@ -831,21 +837,21 @@ func TestFitNodeByCarrier(t *testing.T) {
 	// version mirror follows it).
 	one := wholeGPUs(1)
 	oneShape := c.Shape(one.Key())
-	if reason, err := c.FitNode(a, second, oneShape, one); err != nil || !reason.OK() {
+	if reason, _, err := c.FitNode(a, second, oneShape, one); err != nil || !reason.OK() {
 		t.Fatalf("one whole GPU on an empty one-GPU node: %v, %v", reason, err)
 	}
 	if _, reason, err := c.Reserve(a, "p1", "ns/p1", "n1", one); err != nil || !reason.OK() {
 		t.Fatalf("reserve: %v, %v", reason, err)
 	}
-	if reason, err := c.FitNode(a, second, oneShape, one); err != nil || reason.OK() {
+	if reason, _, err := c.FitNode(a, second, oneShape, one); err != nil || reason.OK() {
 		t.Fatalf("one whole GPU on a full node: %v, %v", reason, err)
 	}
 	c.Forget("p1")
-	if reason, err := c.FitNode(a, second, oneShape, one); err != nil || !reason.OK() {
+	if reason, _, err := c.FitNode(a, second, oneShape, one); err != nil || !reason.OK() {
 		t.Fatalf("one whole GPU after the booking left: %v, %v", reason, err)
 	}
 	c.RemoveNode("n1")
-	if _, err := c.FitNode(a, second, oneShape, one); err == nil {
+	if _, _, err := c.FitNode(a, second, oneShape, one); err == nil {
 		t.Fatal("a removed node's object still found its state")
 	}
 	if len(c.byCarrier) != 0 {

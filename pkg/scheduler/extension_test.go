@@ -209,6 +209,31 @@ func TestFilter(t *testing.T) {
 	}
 }
 
+// TestSlotsFit: kubelet's device-plugin slots decide as the snapshot counts
+// them, whether the allocatable comes from the snapshot's map or from the
+// cache's read of the same object (FitNode).
+func TestSlotsFit(t *testing.T) {
+	node := inventoryNode(t, testInventory("n1", 1, 81920, false)) // 8 slots
+	taken := wholeGPUPod("taken", "1")
+	taken.Spec.Containers[0].Resources.Requests = v1.ResourceList{gpu.ResourceGPU: resource.MustParse("7")}
+	info := snapshotOf(node, taken)
+	for _, c := range []struct {
+		name              string
+		want, allocatable int64
+		fits              bool
+	}{
+		{"one of one free, from the snapshot", 1, -1, true},
+		{"two of one free, from the snapshot", 2, -1, false},
+		{"one of one free, from the cache", 1, 8, true},
+		{"two of one free, from the cache", 2, 8, false},
+		{"none asked", 0, 0, true},
+	} {
+		if st := slotsFit(c.want, info, c.allocatable); st.IsSuccess() != c.fits {
+			t.Errorf("%s: slotsFit = %v, want fits %v", c.name, st, c.fits)
+		}
+	}
+}
+
 func TestScore(t *testing.T) {
 	busy := inventoryNode(t, testInventory("busy", 2, 81920, false))
 	idle := inventoryNode(t, testInventory("idle", 2, 81920, false))

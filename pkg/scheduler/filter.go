@@ -28,26 +28,27 @@ func (p *Plugin) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, 
 	name := nodeInfo.Node().Name
 	var reason allocator.Reason
 	var err error
+	allocatableSlots := int64(-1)
 	if len(s.nominated[name]) > 0 {
 		var ok bool
 		if reason, ok = p.fitWithNominated(s, name); !ok {
 			err = errNoInventory
 		}
 	} else {
-		reason, err = p.cache.FitNode(s.alloc, nodeInfo.Node(), s.shape, s.req)
+		reason, allocatableSlots, err = p.cache.FitNode(s.alloc, nodeInfo.Node(), s.shape, s.req)
 	}
 	if err != nil {
 		rejectedNoInventory.Inc()
 		s.rejected.add("NoInventory")
 		if _, unreadable := p.unreadable.Load(name); !unreadable {
-			p.noteBehind(s.rejected, nodeInfo)
+			p.noteBehind(s.rejected, nodeInfo, true)
 		}
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, p.noInventoryReason(name))
 	}
 	if !reason.OK() {
 		rejectedNodes[reason.Code].Inc()
 		s.rejected.addReason(name, reason)
-		p.noteBehind(s.rejected, nodeInfo)
+		p.noteBehind(s.rejected, nodeInfo, !reason.Code.FromInventory())
 		// The message is the code's, the same on every node (the
 		// framework counts identical ones); this node's numbers go to the
 		// log, and the cluster's to PostFilter's line.
@@ -58,7 +59,7 @@ func (p *Plugin) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, 
 	}
 	// Only where the allocator finds room: a node it refuses needs no
 	// second look.
-	if st := slotsFit(s.slots, nodeInfo); st != nil {
+	if st := slotsFit(s.slots, nodeInfo, allocatableSlots); st != nil {
 		s.rejected.add("InsufficientSlots")
 		return st
 	}
@@ -69,11 +70,11 @@ func (p *Plugin) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, 
 // applied a change the scheduler's snapshot of the node shows (see
 // Cache.Behind): the pod then waits for the handler's activation, since the
 // queue's hints fired before the cache caught up.
-func (p *Plugin) noteBehind(r *rejections, nodeInfo fwk.NodeInfo) {
+func (p *Plugin) noteBehind(r *rejections, nodeInfo fwk.NodeInfo, bookings bool) {
 	if r == nil || r.behind.Load() {
 		return
 	}
-	if p.cache.Behind(nodeInfo) {
+	if p.cache.Behind(nodeInfo, bookings) {
 		r.behind.Store(true)
 	}
 }
@@ -86,12 +87,16 @@ const reasonInsufficientSlots = "Insufficient " + gpu.ResourceGPU
 // the pods bound there take theirs until they are deleted, those the agent
 // refused their GPUs included, so a GPU with room in the allocator's
 // account is no place for a pod kubelet would reject ("UnexpectedAdmission
-// Error … Available: 0").
-func slotsFit(want int64, nodeInfo fwk.NodeInfo) *fwk.Status {
+// Error … Available: 0"). allocatable is the node's slots where the cache
+// read them from the same object (FitNode), -1 where it did not.
+func slotsFit(want int64, nodeInfo fwk.NodeInfo, allocatable int64) *fwk.Status {
 	if want == 0 {
 		return nil
 	}
-	free := nodeInfo.GetAllocatable().GetScalarResources()[gpu.ResourceGPU] - nodeInfo.GetRequested().GetScalarResources()[gpu.ResourceGPU]
+	if allocatable < 0 {
+		allocatable = nodeInfo.GetAllocatable().GetScalarResources()[gpu.ResourceGPU]
+	}
+	free := allocatable - nodeInfo.GetRequested().GetScalarResources()[gpu.ResourceGPU]
 	if want > free {
 		rejectedSlots.Inc()
 		return fwk.NewStatus(fwk.Unschedulable, reasonInsufficientSlots)

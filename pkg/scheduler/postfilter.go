@@ -70,7 +70,7 @@ func (p *Plugin) accountExcluded(s *stateData) {
 			return
 		}
 		if n, err := infos.Get(x.name); err == nil {
-			p.noteBehind(s.rejected, n)
+			p.noteBehind(s.rejected, n, !x.reason.Code.FromInventory())
 		}
 	}
 }
