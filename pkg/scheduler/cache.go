@@ -423,21 +423,10 @@ func (c *Cache) MostGPUs() int { return int(c.mostGPUs.Load()) }
 // errNoInventory says a node has no GPU inventory in the cache.
 var errNoInventory = errors.New("no GPU inventory")
 
-// Fit says whether a request of the given shape (its Key) fits a node's
-// current usage, without booking. Filter asks it once per node per pod.
-func (c *Cache) Fit(a *allocator.Allocator, name string, shape Shape, r *allocator.Request) (allocator.Reason, error) {
-	c.mu.RLock()
-	s, ok := c.nodes[name]
-	c.mu.RUnlock()
-	if !ok {
-		return allocator.Reason{}, errNoInventory
-	}
-	reason, _ := s.place(a, shape, r, r.FitIgnoresWorkload())
-	return reason, nil
-}
-
-// FitNode is Fit for the scheduler's node object, found by its address
-// where it is the node's carrier. It also returns the object's allocatable
+// FitNode says whether a request of the given shape (its Key) fits a
+// node's current usage, without booking; Filter asks it once per node per
+// pod. The node is the scheduler's object, found by its address where it is
+// the node's carrier, by its name otherwise. It also returns the object's allocatable
 // tessera.dev/gpu (kubelet's device-plugin slots) where the cache has read
 // it, -1 where it has not (the object is not the carrier).
 func (c *Cache) FitNode(a *allocator.Allocator, node *v1.Node, shape Shape, r *allocator.Request) (reason allocator.Reason, allocatableSlots int64, err error) {

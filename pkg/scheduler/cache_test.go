@@ -196,7 +196,7 @@ func TestShrunkInventoryKeepsBookings(t *testing.T) {
 	a := newAllocator(t)
 	req := wholeGPUs(1)
 	fits := func() bool {
-		reason, err := c.Fit(a, "n1", c.Shape("whole"), req)
+		reason, _, err := c.FitNode(a, n1, c.Shape("whole"), req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -391,18 +391,18 @@ func TestFitMemoFollowsTheNode(t *testing.T) {
 	}
 	a := newAllocator(t)
 	whole := wholeGPUs(1)
-	reason, err := c.Fit(a, "n1", c.Shape(whole.Key()), whole)
+	reason, _, err := c.FitNode(a, n1, c.Shape(whole.Key()), whole)
 	if err != nil || !reason.OK() {
 		t.Fatalf("empty node: %v, %v", reason, err)
 	}
 	if _, reason, err := c.Reserve(a, "u1", "ns/p", "n1", whole); err != nil || !reason.OK() {
 		t.Fatal(reason, err)
 	}
-	if reason, _ := c.Fit(a, "n1", c.Shape(whole.Key()), whole); reason.OK() {
+	if reason, _, _ := c.FitNode(a, n1, c.Shape(whole.Key()), whole); reason.OK() {
 		t.Fatal("memo answered for the empty node after its GPU was booked")
 	}
 	c.Forget("u1")
-	if reason, _ := c.Fit(a, "n1", c.Shape(whole.Key()), whole); !reason.OK() {
+	if reason, _, _ := c.FitNode(a, n1, c.Shape(whole.Key()), whole); !reason.OK() {
 		t.Fatalf("after release: %v", reason)
 	}
 }
@@ -425,10 +425,10 @@ func TestFitMemoWaysClash(t *testing.T) {
 		t.Fatalf("shapes %d and %d do not share a way", first, second)
 	}
 	for range 3 {
-		if reason, err := c.Fit(a, "n1", first, one); err != nil || !reason.OK() {
+		if reason, _, err := c.FitNode(a, n1, first, one); err != nil || !reason.OK() {
 			t.Fatalf("one GPU on a one-GPU node: %v, %v", reason, err)
 		}
-		if reason, err := c.Fit(a, "n1", second, two); err != nil || reason.OK() {
+		if reason, _, err := c.FitNode(a, n1, second, two); err != nil || reason.OK() {
 			t.Fatalf("two GPUs on a one-GPU node: %v, %v", reason, err)
 		}
 	}
@@ -465,7 +465,7 @@ func TestFitMemoOutlivesTheWorkload(t *testing.T) {
 		shape := c.Shape(tc.req.Key())
 		allocs := testing.AllocsPerRun(10, func() {
 			for _, alloc := range []*allocator.Allocator{a, b} {
-				if reason, err := c.Fit(alloc, "n1", shape, tc.req); err != nil || !reason.OK() {
+				if reason, _, err := c.FitNode(alloc, n1, shape, tc.req); err != nil || !reason.OK() {
 					t.Fatalf("%s: %v, %v", tc.name, reason, err)
 				}
 			}
@@ -475,7 +475,7 @@ func TestFitMemoOutlivesTheWorkload(t *testing.T) {
 		}
 	}
 	shape := c.Shape(one.Key())
-	c.Fit(a, "n1", shape, one)
+	c.FitNode(a, n1, shape, one)
 	_, got, _ := c.ScoreNode(b, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}, shape, one) // no carrier: found by name
 	var pa, pb allocator.Placement
 	a.Place(c.Snapshot("n1"), one, &pa)
@@ -858,3 +858,7 @@ func TestFitNodeByCarrier(t *testing.T) {
 		t.Fatalf("byCarrier holds %d entries after the node left", len(c.byCarrier))
 	}
 }
+
+// n1 is a node object the caches under test never saw carrying an
+// inventory: FitNode finds "n1" by its name.
+var n1 = &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
