@@ -130,8 +130,8 @@ type nodeState struct {
 	// Guarded by the cache's mu.
 	carrier      *v1.Node
 	carrierSlots int64
-	// version mirrors node.Version (written under mu, with it), so a memo
-	// is read without the node's lock.
+	// version mirrors node.Version (written under mu by changed, or when
+	// the state is built), so a memo is read without the node's lock.
 	version atomic.Uint64
 	// memo remembers, per request shape, whether it fits and its score at
 	// the node's Version: a pod changes one node, so the next pods of the
@@ -430,13 +430,7 @@ var errNoInventory = errors.New("no GPU inventory")
 // tessera.dev/gpu (kubelet's device-plugin slots) where the cache has read
 // it, -1 where it has not (the object is not the carrier).
 func (c *Cache) FitNode(a *allocator.Allocator, node *v1.Node, shape Shape, r *allocator.Request) (reason allocator.Reason, allocatableSlots int64, err error) {
-	c.mu.RLock()
-	s, carried, ok := c.stateOfLocked(node)
-	allocatableSlots = -1
-	if carried {
-		allocatableSlots = s.carrierSlots
-	}
-	c.mu.RUnlock()
+	s, allocatableSlots, ok := c.find(node)
 	if !ok {
 		return allocator.Reason{}, -1, errNoInventory
 	}
@@ -446,14 +440,24 @@ func (c *Cache) FitNode(a *allocator.Allocator, node *v1.Node, shape Shape, r *a
 
 // ScoreNode is FitNode with the node's score under a's policy and workload.
 func (c *Cache) ScoreNode(a *allocator.Allocator, node *v1.Node, shape Shape, r *allocator.Request) (allocator.Reason, float64, error) {
-	c.mu.RLock()
-	s, _, ok := c.stateOfLocked(node)
-	c.mu.RUnlock()
+	s, _, ok := c.find(node)
 	if !ok {
 		return allocator.Reason{}, 0, errNoInventory
 	}
 	reason, score := s.place(a, shape, r, false)
 	return reason, score, nil
+}
+
+// find is stateOfLocked under the read lock, with the object's allocatable
+// slots where it is the node's carrier (-1 where it is not).
+func (c *Cache) find(node *v1.Node) (s *nodeState, allocatableSlots int64, ok bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	s, carried, ok := c.stateOfLocked(node)
+	if !carried {
+		return s, -1, ok
+	}
+	return s, s.carrierSlots, true
 }
 
 // stateOfLocked finds a node's state: by the object's address where it is
@@ -485,6 +489,14 @@ func (s *nodeState) place(a *allocator.Allocator, shape Shape, r *allocator.Requ
 	return reason, p.Score
 }
 
+// changed follows a change to the node's usage, made under its lock: it
+// mirrors the version (so memo reads without the lock see the change) and
+// returns a copy of the usage for the metrics.
+func (s *nodeState) changed() *allocator.Node {
+	s.version.Store(s.node.Version)
+	return s.node.Clone()
+}
+
 // Reserve places and books a pod on a node in one step under the node's lock,
 // so two cycles (or a cycle and a binding goroutine) can never book the same
 // slice. It returns the assignment, or the reason the pod no longer fits.
@@ -510,8 +522,7 @@ func (c *Cache) Reserve(a *allocator.Allocator, uid types.UID, podName, node str
 	}
 	s.node.Apply(r, &p)
 	asg := s.node.Assignment(r, &p)
-	snap := s.node.Clone()
-	s.version.Store(s.node.Version)
+	snap := s.changed()
 	s.mu.Unlock()
 	c.pods[uid] = &podRecord{name: podName, assignment: asg, assumed: true, booked: true}
 	s.liveSlots += slots(asg)
@@ -654,8 +665,7 @@ func (c *Cache) AddBound(uid types.UID, podName string, a *gpu.PodAssignment) er
 	}
 	s.mu.Lock()
 	err := s.node.AddAssignment(a, 0, 0, c.oversub)
-	snap := s.node.Clone()
-	s.version.Store(s.node.Version)
+	snap := s.changed()
 	s.mu.Unlock()
 	if err != nil {
 		rec.refused = true
@@ -696,8 +706,7 @@ func (c *Cache) unbookLocked(rec *podRecord) {
 			delete(c.refused, uid)
 		}
 	}
-	snap := s.node.Clone()
-	s.version.Store(s.node.Version)
+	snap := s.changed()
 	s.mu.Unlock()
 	c.notify(rec.assignment.Node, snap)
 }
