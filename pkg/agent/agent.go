@@ -11,6 +11,7 @@ import (
 	"math"
 	"net/http"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -145,6 +146,13 @@ type Agent struct {
 	// restores when anything else changes it (republish).
 	publishedRaw string
 	republish    bool
+	// writeMu is held from an inventory write until its outcome is
+	// recorded, so watchOwnNode never judges the Node by a write still in
+	// flight; ownVersions are the Node's resourceVersions that the agent's
+	// last writes produced (oldest first), so the watch's late news of an
+	// earlier write of its own is not taken for someone else's.
+	writeMu     sync.Mutex
+	ownVersions []string
 	// adj decides each GPU's slice count from its forecast load; adjMu
 	// guards it (the adjuster is not safe for concurrent use) and lastEval.
 	adjMu    sync.Mutex
@@ -483,19 +491,34 @@ func (a *Agent) Refresh(ctx context.Context, now time.Time) error {
 		inv.CPUMilli = n.Status.Allocatable.Cpu().MilliValue()
 		inv.MemoryMiB = n.Status.Allocatable.Memory().Value() >> 20
 	}
-	if err := inventory.Publish(ctx, a.opts.Client, inv); err != nil {
-		return err
-	}
 	raw, err := gpu.EncodeInventory(inv)
 	if err != nil {
 		return err
 	}
-	a.mu.Lock()
-	a.published, a.publishedRaw, a.republish = &published, string(raw), false
-	a.mu.Unlock()
+	a.writeMu.Lock()
+	version, err := inventory.Publish(ctx, a.opts.Client, inv)
+	if err == nil {
+		if version != "" {
+			a.ownVersions = append(a.ownVersions, version)
+		}
+		if len(a.ownVersions) > ownVersionsKept {
+			a.ownVersions = a.ownVersions[len(a.ownVersions)-ownVersionsKept:]
+		}
+		a.mu.Lock()
+		a.published, a.publishedRaw, a.republish = &published, string(raw), false
+		a.mu.Unlock()
+	}
+	a.writeMu.Unlock()
+	if err != nil {
+		return err
+	}
 	klog.FromContext(ctx).Info("Published GPU inventory", "node", a.opts.Node, "gpus", len(inv.GPUs), "unhealthy", a.health.Unhealthy(now))
 	return nil
 }
+
+// ownVersionsKept is how many of its own writes the agent recognizes in the
+// watch: more than the writes that can be in flight between two events.
+const ownVersionsKept = 16
 
 // watchOwnNode restores the node's inventory annotation whenever it differs
 // from what the agent last wrote (overwritten, removed, garbage): the
@@ -513,10 +536,13 @@ func (a *Agent) watchOwnNode(ctx context.Context) {
 		if !ok || n.Name != a.opts.Node {
 			return
 		}
+		a.writeMu.Lock()
+		own := slices.Contains(a.ownVersions, n.ResourceVersion)
 		a.mu.Lock()
 		want := a.publishedRaw
 		a.mu.Unlock()
-		if got, has := n.Annotations[gpu.AnnotationInventory]; want != "" && (!has || got != want) {
+		a.writeMu.Unlock()
+		if got, has := n.Annotations[gpu.AnnotationInventory]; want != "" && !own && (!has || got != want) {
 			select {
 			case differs <- struct{}{}:
 			default:

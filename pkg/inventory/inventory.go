@@ -38,10 +38,12 @@ func FromNode(node *v1.Node) (*gpu.NodeInventory, error) {
 
 // Publish writes inv onto its node with a merge patch that touches only the
 // inventory annotation, so it never races with other writers of the Node.
-func Publish(ctx context.Context, client kubernetes.Interface, inv *gpu.NodeInventory) error {
+// It returns the Node's resourceVersion after the write, by which the
+// writer tells its own change from others' in a watch.
+func Publish(ctx context.Context, client kubernetes.Interface, inv *gpu.NodeInventory) (string, error) {
 	b, err := gpu.EncodeInventory(inv)
 	if err != nil {
-		return err
+		return "", err
 	}
 	return patchAnnotation(ctx, client, inv.Node, string(b))
 }
@@ -49,18 +51,20 @@ func Publish(ctx context.Context, client kubernetes.Interface, inv *gpu.NodeInve
 // Withdraw removes the inventory annotation, for an agent that stops serving
 // GPUs on the node.
 func Withdraw(ctx context.Context, client kubernetes.Interface, node string) error {
-	return patchAnnotation(ctx, client, node, nil)
+	_, err := patchAnnotation(ctx, client, node, nil)
+	return err
 }
 
-func patchAnnotation(ctx context.Context, client kubernetes.Interface, node string, value any) error {
+func patchAnnotation(ctx context.Context, client kubernetes.Interface, node string, value any) (string, error) {
 	patch, err := json.Marshal(map[string]any{
 		"metadata": map[string]any{"annotations": map[string]any{gpu.AnnotationInventory: value}},
 	})
 	if err != nil {
-		return err
+		return "", err
 	}
-	if _, err := client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		return fmt.Errorf("publish GPU inventory of node %s: %w", node, err)
+	n, err := client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		return "", fmt.Errorf("publish GPU inventory of node %s: %w", node, err)
 	}
-	return nil
+	return n.ResourceVersion, nil
 }

@@ -49,7 +49,7 @@ type cluster struct {
 }
 
 // startCluster starts etcd and kube-apiserver in-process.
-func startCluster(t testing.TB) *cluster {
+func startCluster(t testing.TB, flags ...string) *cluster {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("starts a control plane; skipped with -short")
@@ -63,9 +63,9 @@ func startCluster(t testing.TB) *cluster {
 	// Node would never be lifted, and without the token controller no
 	// service account would ever get its token.
 	srv := kubeapiservertesting.StartTestServerOrDie(t, kubeapiservertesting.NewDefaultTestServerOptions(),
-		[]string{"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+		append([]string{"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
 			// As kubeadm and managed clusters set it: node agents run privileged.
-			"--allow-privileged=true"}, sc)
+			"--allow-privileged=true"}, flags...), sc)
 	t.Cleanup(srv.TearDownFn)
 
 	cfg := rest.CopyConfig(srv.ClientConfig)
@@ -161,7 +161,7 @@ func (c *cluster) addNode(n gpuNode) *gpu.NodeInventory {
 	c.t.Helper()
 	c.registerNode(n.name)
 	inv := nodeInventory(n)
-	if err := inventory.Publish(c.ctx, c.client, inv); err != nil {
+	if _, err := inventory.Publish(c.ctx, c.client, inv); err != nil {
 		c.t.Fatal(err)
 	}
 	return inv

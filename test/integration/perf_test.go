@@ -384,7 +384,7 @@ func addPerfNode(b *testing.B, c *cluster, name string, gpus int, mps bool, extr
 		b.Error(err)
 		return
 	}
-	if err := inventory.Publish(c.ctx, c.client, nodeInventory(gpuNode{name: name, gpus: gpus, memMi: 81920, mps: mps})); err != nil {
+	if _, err := inventory.Publish(c.ctx, c.client, nodeInventory(gpuNode{name: name, gpus: gpus, memMi: 81920, mps: mps})); err != nil {
 		b.Error(err)
 	}
 }

@@ -221,7 +221,7 @@ func TestDeletionLetsWaitingPodIn(t *testing.T) {
 		t.Errorf("tessera_scheduler_pending_gpu_pods{reason=TooManyGPUs} = %v, want 1", n)
 	}
 	start = time.Now()
-	if err := inventory.Publish(c.ctx, c.client, late); err != nil {
+	if _, err := inventory.Publish(c.ctx, c.client, late); err != nil {
 		t.Fatal(err)
 	}
 	c.waitBound(ns, []string{"third"}, 30*time.Second)
