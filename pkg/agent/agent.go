@@ -241,7 +241,8 @@ func New(opts Options) (*Agent, error) {
 					note += "; the GPU's MPS clients then: " + strings.Join(clients, ", ")
 				}
 				a.event(context.Background(), time.Now(), v1.EventTypeWarning, "MPSDaemonRestarted", "RestartMPS", note)
-			}})
+			},
+			OnTamper: a.mpsTampered})
 	}
 	pipe := func(uuid string) string { return "" }
 	if a.MPS != nil {
@@ -297,9 +298,14 @@ func New(opts Options) (*Agent, error) {
 	a.register(isolationCollector{a}, modeCollector{a}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tessera_agent_build_info", Help: "1, with the agent's version and revision.",
 			ConstLabels: prometheus.Labels{"node": opts.Node, "version": version.Version, "revision": version.Rev()}}, func() float64 { return 1 }))
-	a.register(mpsRestarts, sliceChanges, reclaims, reclaimKilled, reclaimDuration, timeSliceClass, timeSliceFailures, assignmentChanges, refusedSlots)
+	a.register(mpsRestarts, mpsLimitChanges, sliceChanges, reclaims, reclaimKilled, reclaimDuration, timeSliceClass, timeSliceFailures, assignmentChanges, refusedSlots)
 	return a, nil
 }
+
+// mpsCheckEvery is how often each MPS daemon is asked whether it lives and
+// its limits read back: a limit a client changes through the control
+// endpoint is restored within that (and the control program's run).
+const mpsCheckEvery = 3 * time.Second
 
 // isolationReconcileEvery is how often kernel memory limits and MPS server
 // limits follow the GPUs' tenants.
@@ -307,6 +313,11 @@ const isolationReconcileEvery = 10 * time.Second
 
 var mpsRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "tessera_mps_daemon_restarts_total", Help: "MPS control daemons found dead and restarted, per GPU.",
+}, gpu.SeriesLabels)
+
+var mpsLimitChanges = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "tessera_mps_limit_changes_total",
+	Help: "MPS limits found changed behind the agent (through the control endpoint its clients reach) and restored, per GPU.",
 }, gpu.SeriesLabels)
 
 // seriesLabels are the label values of a per-GPU series of this node's GPU
@@ -334,6 +345,7 @@ func (a *Agent) zeroCounters() {
 	for _, d := range a.devices {
 		if a.MPS != nil {
 			mpsRestarts.WithLabelValues(a.seriesLabels(d.UUID)...)
+			mpsLimitChanges.WithLabelValues(a.seriesLabels(d.UUID)...)
 		}
 		for _, dir := range []string{"up", "down"} {
 			sliceChanges.WithLabelValues(a.seriesLabels(d.UUID, dir)...)
@@ -741,7 +753,7 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 		if err := a.MPS.Start(ctx); err != nil {
 			return fmt.Errorf("MPS: %w", err)
 		}
-		go a.MPS.Run(ctx, 5*time.Second)
+		go a.MPS.Run(ctx, mpsCheckEvery)
 	}
 	if a.gpus != nil && a.MPS == nil {
 		a.prepareTimeShared(ctx)

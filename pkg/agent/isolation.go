@@ -26,6 +26,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/agent/driverspec"
 	"github.com/tessera-gpu/tessera/pkg/agent/memlimit"
+	"github.com/tessera-gpu/tessera/pkg/agent/mps"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
 )
@@ -201,8 +202,65 @@ func (a *Agent) limitedGPUs() []gpu.Device {
 	return out
 }
 
+// unverifiedServer is what a client is taken to have connected under when
+// the GPU's limits could not be read back as the agent set them: the whole
+// GPU, so its slice counts as held only for a cooperating client.
+var unverifiedServer = gpu.MPSServerLimits{ThreadPercent: 100}
+
+// mpsTampered is the MPS manager's report of limits found changed behind
+// the agent's back, before it restores them: a log line, a count, an event
+// on the node naming the GPU and its clients, and every client connected
+// on that GPU counted as held only by its own variables from now on (it
+// may have connected under the changed limits, and keeps them).
+func (a *Agent) mpsTampered(uuid string, drift []mps.Drift) {
+	ctx := context.Background()
+	what := make([]string, len(drift))
+	for i, d := range drift {
+		what[i] = d.String()
+	}
+	clients := a.mpsClients(uuid)
+	klog.Background().Info("MPS limits changed behind the agent; restoring them", "gpu", uuid, "changes", what, "clients", clients)
+	mpsLimitChanges.WithLabelValues(a.seriesLabels(uuid)...).Inc()
+	note := fmt.Sprintf("MPS limits of GPU %s changed by someone other than this node's tessera-agent (%s); restored", uuid, strings.Join(what, "; "))
+	if len(clients) > 0 {
+		note += "; the GPU's MPS clients then: " + strings.Join(clients, ", ")
+	}
+	a.event(ctx, time.Now(), v1.EventTypeWarning, "MPSLimitsRestored", "RestoreMPSLimits", note)
+	a.isoMu.Lock()
+	var affected []types.UID
+	for uid, byGPU := range a.mpsConnected {
+		if _, ok := byGPU[uuid]; ok {
+			byGPU[uuid] = unverifiedServer
+			affected = append(affected, uid)
+		}
+	}
+	a.isoMu.Unlock()
+	for _, uid := range affected {
+		if p := a.nodePod(uid); p != nil {
+			if asg, err := podgpu.BoundAssignment(p); err == nil && asg != nil {
+				a.reportIsolation(ctx, p, a.guaranteesOf(p, asg))
+			}
+		}
+	}
+}
+
+// nodePod is the node's pod with uid, or nil.
+func (a *Agent) nodePod(uid types.UID) *v1.Pod {
+	if a.opts.NodePods == nil {
+		return nil
+	}
+	for _, p := range a.opts.NodePods() {
+		if p.UID == uid {
+			return p
+		}
+	}
+	return nil
+}
+
 // mpsServerLimits sets a GPU's MPS server limits to the tightest still
-// correct for its MPS tenants among pods, and returns them.
+// correct for its MPS tenants among pods, reads them back, and returns what
+// a client connecting now is held to: those limits, or the whole GPU
+// (unverifiedServer) when they do not read back as set.
 func (a *Agent) mpsServerLimits(ctx context.Context, uuid string, pods []activePod) (gpu.MPSServerLimits, error) {
 	var grants []gpu.GPUGrant
 	for _, p := range pods {
@@ -220,13 +278,17 @@ func (a *Agent) mpsServerLimits(ctx context.Context, uuid string, pods []activeP
 	want := gpu.MPSServerLimitsFor(grants)
 	a.mpsLimitsMu.Lock()
 	defer a.mpsLimitsMu.Unlock()
-	if got, ok := a.MPS.ServerLimits(uuid); ok && got == want {
-		return want, nil
+	if got, ok := a.MPS.ServerLimits(uuid); !ok || got != want {
+		if err := a.MPS.SetServerLimits(ctx, uuid, want); err != nil {
+			return gpu.MPSServerLimits{}, err
+		}
+		klog.FromContext(ctx).V(2).Info("MPS server limits set", "gpu", uuid, "threadPercent", want.ThreadPercent, "memoryMiB", want.MemoryMiB, "tenants", len(grants))
 	}
-	if err := a.MPS.SetServerLimits(ctx, uuid, want); err != nil {
-		return gpu.MPSServerLimits{}, err
+	// Not what the agent last set, but what the daemon reports now: a
+	// client may have changed it through the control endpoint.
+	if !a.MPS.Ensure(ctx, uuid) {
+		return unverifiedServer, nil
 	}
-	klog.FromContext(ctx).V(2).Info("MPS server limits set", "gpu", uuid, "threadPercent", want.ThreadPercent, "memoryMiB", want.MemoryMiB, "tenants", len(grants))
 	return want, nil
 }
 

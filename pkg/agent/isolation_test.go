@@ -14,6 +14,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -354,6 +355,62 @@ func TestMPSGuaranteesFollowConnectTime(t *testing.T) {
 	}
 	if out, err := a.MPS.Control(ctx, uuid, "get_default_active_thread_percentage"); err != nil || out != "50" {
 		t.Errorf("the daemon's default active thread percentage: %q, %v", out, err)
+	}
+
+	// A tenant lifts the limits through the control endpoint (issue 38).
+	// The next check reads them back, restores them, and reports it; late-4
+	// may have connected under the lifted limits since the last check, so
+	// it is claimed held no more.
+	tamper := func() {
+		t.Helper()
+		pid, err := a.MPS.Control(ctx, uuid, "get_server_list")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []string{"set_default_active_thread_percentage 100", "set_default_device_pinned_mem_limit 0 81920M",
+			"set_active_thread_percentage " + pid + " 100", "set_device_pinned_mem_limit " + pid + " 0 81920M"} {
+			if out, err := a.MPS.Control(ctx, uuid, c); err != nil {
+				t.Fatalf("%s: %v: %s", c, err, out)
+			}
+		}
+	}
+	changes := func() float64 { return testutil.ToFloat64(mpsLimitChanges.WithLabelValues(a.seriesLabels(uuid)...)) }
+	before := changes()
+	tamper()
+	a.MPS.Check(ctx)
+	if out, _ := a.MPS.Control(ctx, uuid, "get_default_active_thread_percentage"); out != "50" {
+		t.Errorf("after the check the default active thread percentage is %q, want 50 restored", out)
+	}
+	if d := changes() - before; d != 1 {
+		t.Errorf("tessera_mps_limit_changes_total rose by %v, want 1", d)
+	}
+	if g := now("late-4"); g != cooperating {
+		t.Errorf("late-4 after its GPU's limits were found lifted: %v, want %v", g, cooperating)
+	}
+	evs, err := a.opts.Client.EventsV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	note := ""
+	for _, e := range evs.Items {
+		if e.Reason == "MPSLimitsRestored" {
+			note = e.Note
+		}
+	}
+	for _, want := range []string{"MPS limits of GPU " + uuid + " changed by someone other than this node's tessera-agent",
+		"get_default_active_thread_percentage: 100 %, want 50 %", "get_default_device_pinned_mem_limit 0: 81920 MiB, want 8192 MiB", "restored"} {
+		if !strings.Contains(note, want) {
+			t.Errorf("MPSLimitsRestored event %q lacks %q", note, want)
+		}
+	}
+	// Lifted again just before a tenant starts: its start reads them back
+	// and restores them before it connects, so it is held.
+	tamper()
+	if g := start("late-5", 50, 8192); g != held {
+		t.Errorf("a tenant starting after the limits were lifted and restored: %v, want %v", g, held)
+	}
+	if d := changes() - before; d != 2 {
+		t.Errorf("tessera_mps_limit_changes_total rose by %v, want 2", d)
 	}
 
 	// The agent restarts: what it recorded is gone; a pod's condition

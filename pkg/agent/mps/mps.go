@@ -3,7 +3,8 @@
 // daemon, and a client's limits are its own, not daemon-wide), the compute
 // mode MPS needs, default client limits, a health check through the control
 // pipe every few seconds and whenever a daemon's control endpoint goes away,
-// and a restart — reported — when a daemon dies.
+// and a restart — reported — when a daemon dies. At each check it reads the
+// limits back (verify.go) and restores, reported, any a client changed.
 //
 // It drives nvidia-cuda-mps-control through its documented interface only:
 // `-d` starts the daemon, and commands go to it on the control program's
@@ -59,6 +60,9 @@ type Config struct {
 	// OnRestart is told of each daemon found dead and restarted (event and
 	// metric in the agent).
 	OnRestart func(uuid string, cause error)
+	// OnTamper is told of limits found changed behind the agent's back (by
+	// a client, through the control endpoint), before they are restored.
+	OnTamper func(uuid string, drift []Drift)
 }
 
 // Manager runs the daemons.
@@ -73,6 +77,9 @@ type Manager struct {
 	// checkMu keeps a periodic check and one prompted by the pipe watch
 	// from restarting a daemon twice.
 	checkMu sync.Mutex
+	// verified are the GPUs whose limits the last check read back as the
+	// agent set them.
+	verified map[string]bool
 }
 
 // New returns a manager; Start starts its daemons.
@@ -80,7 +87,7 @@ func New(cfg Config) *Manager {
 	if cfg.Binary == "" {
 		cfg.Binary = DefaultBinary
 	}
-	return &Manager{cfg: cfg, restarts: map[string]int{}, limits: map[string]gpu.MPSServerLimits{}}
+	return &Manager{cfg: cfg, restarts: map[string]int{}, limits: map[string]gpu.MPSServerLimits{}, verified: map[string]bool{}}
 }
 
 // PipeDir is the pipe directory of a GPU's daemon, which the device plugin
@@ -240,9 +247,14 @@ func (m *Manager) checkGPU(ctx context.Context, g GPU, why string) {
 		return // stopping: the daemons are being told to quit
 	}
 	out, err := m.control(ctx, g.UUID, "get_server_list")
-	if err == nil || ctx.Err() != nil {
+	if ctx.Err() != nil {
 		return
 	}
+	if err == nil {
+		m.ensure(ctx, g.UUID)
+		return
+	}
+	m.setVerified(g.UUID, false)
 	cause := fmt.Errorf("MPS daemon of GPU %s does not answer%s: %w: %s", g.UUID, why, err, out)
 	if tail := lastLines(filepath.Join(m.LogDir(g.UUID), "control.log"), 5); tail != "" {
 		cause = fmt.Errorf("%w; its control.log ends: %s", cause, tail)
@@ -258,6 +270,56 @@ func (m *Manager) checkGPU(ctx context.Context, g GPU, why string) {
 	if err := m.start(ctx, g); err != nil {
 		logger.Error(err, "MPS daemon restart failed; retrying at the next check", "gpu", g.UUID)
 	}
+}
+
+// Ensure reads a GPU's limits back; limits found changed are reported
+// (OnTamper) and restored. It reports whether they read back as the agent
+// set them in the end: only then do the GPU's MPS slices count as held by
+// the server.
+func (m *Manager) Ensure(ctx context.Context, uuid string) bool {
+	m.checkMu.Lock()
+	defer m.checkMu.Unlock()
+	return m.ensure(ctx, uuid)
+}
+
+func (m *Manager) ensure(ctx context.Context, uuid string) bool {
+	logger := klog.FromContext(ctx)
+	drift, err := m.Verify(ctx, uuid)
+	if err != nil {
+		logger.Error(err, "MPS limits not verified; the GPU's MPS slices count as held only for cooperating clients", "gpu", uuid)
+		m.setVerified(uuid, false)
+		return false
+	}
+	if len(drift) == 0 {
+		m.setVerified(uuid, true)
+		return true
+	}
+	m.setVerified(uuid, false)
+	if m.cfg.OnTamper != nil {
+		m.cfg.OnTamper(uuid, drift)
+	}
+	if err := m.Restore(ctx, uuid); err != nil {
+		logger.Error(err, "Restoring MPS limits failed; retrying at the next check", "gpu", uuid)
+		return false
+	}
+	drift, err = m.Verify(ctx, uuid)
+	ok := err == nil && len(drift) == 0
+	m.setVerified(uuid, ok)
+	return ok
+}
+
+func (m *Manager) setVerified(uuid string, ok bool) {
+	m.mu.Lock()
+	m.verified[uuid] = ok
+	m.mu.Unlock()
+}
+
+// Verified reports whether a GPU's limits read back, at the last check, as
+// the agent set them.
+func (m *Manager) Verified(uuid string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.verified[uuid]
 }
 
 // lastLines is the end of a log file, lines joined with " | ", or "".
