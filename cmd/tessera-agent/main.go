@@ -77,6 +77,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		namespace    = fs.String("namespace", envOr("POD_NAMESPACE", "tessera-system"), "the namespace of the agent's heartbeat Lease (default $POD_NAMESPACE, else tessera-system)")
 		hostRoot     = fs.String("host-root", "/", "the host's file system as the agent sees it (its /proc with hostPID, /sys, kubelet's directories): tessera doctor's node checks run there at start and on GET /doctor (empty: off)")
 		cdiHook      = fs.String("cdi-hook", "", "nvidia-cdi-hook on the host (the NVIDIA container toolkit's default, /usr/bin/nvidia-cdi-hook, when empty)")
+		refusedGrace = fs.Duration("refused-grace", agent.DefaultRefusedGrace, "how long a pod refused its GPUs (no Tessera assignment, another scheduler's, or one the node cannot honour) may hold its slots before the agent deletes it")
 	)
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
@@ -110,6 +111,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "tessera-agent: --scheduler-names %q names no scheduler profile; the default is %s\n", *schedulers, strings.Join(deviceplugin.DefaultSchedulerNames, ","))
 		return exitUsage
 	}
+	if *refusedGrace <= 0 {
+		fmt.Fprintf(stderr, "tessera-agent: --refused-grace %s: give a positive duration, such as %s\n", *refusedGrace, agent.DefaultRefusedGrace)
+		return exitUsage
+	}
 	if *node == "" {
 		fmt.Fprintln(stderr, "tessera-agent: --node (or $NODE_NAME, from the downward API) is required")
 		return exitUsage
@@ -141,6 +146,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		Holder: deviceplugin.PodResourcesHolder{Client: podresourcesapi.NewPodResourcesListerClient(conn)},
 		Pods:   nodePods.Get, CDIDir: *cdiDir, ProcRoot: *procRoot, NodePods: nodePods.List, AssignmentChanges: nodePods.Changes, NoticeRoot: *noticeRoot,
 		NvidiaSMI: *nvidiaSMI, CgroupRoot: *cgroupRoot, DriverRoot: *driverRoot, CDIHookPath: *cdiHook, Namespace: *namespace, HostRoot: *hostRoot,
+		RefusedGrace: *refusedGrace,
 	})
 	switch {
 	case errors.Is(err, nvml.ErrNoDriver):

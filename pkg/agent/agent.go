@@ -125,6 +125,11 @@ type Options struct {
 	// SpecCollectEvery is how often the CDI specs of containers that no
 	// longer hold their slots are removed (30 s when zero).
 	SpecCollectEvery time.Duration
+	// RefusedGrace is how long a pod refused its GPUs may hold its slots
+	// before the agent deletes it (DefaultRefusedGrace when zero).
+	RefusedGrace time.Duration
+	// Now is the clock of the refusal grace (time.Now when nil).
+	Now func() time.Time
 }
 
 // Agent is one node's agent.

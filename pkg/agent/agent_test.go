@@ -13,10 +13,13 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
 	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
@@ -334,6 +337,80 @@ func TestInventoryIsRestored(t *testing.T) {
 	}
 	if restored != 2 {
 		t.Errorf("%d GPUInventoryRestored events, want 2", restored)
+	}
+}
+
+// TestRefusedPodsAreDeletedAfterTheGrace: a pod refused its GPUs (bound by
+// another scheduler, or before the admission policies) holds its slots
+// only for the grace; then the agent deletes it, that pod and not a new one
+// of the same name, and says so on the pod and the node (issue 38: slot
+// hoarding until someone deletes it).
+func TestRefusedPodsAreDeletedAfterTheGrace(t *testing.T) {
+	now := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	hoarder := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "hoarder", UID: "h1"}, Spec: v1.PodSpec{NodeName: "n8"}}
+	late := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "late", UID: "l1"}, Spec: v1.PodSpec{NodeName: "n8"}}
+	client := fake.NewClientset(hoarder, late)
+	// The API server's UID precondition, which the fake lacks.
+	client.PrependReactor("delete", "pods", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		del := action.(k8stesting.DeleteAction)
+		pre := del.GetDeleteOptions().Preconditions
+		if pre == nil || pre.UID == nil {
+			return false, nil, nil
+		}
+		obj, err := client.Tracker().Get(action.GetResource(), del.GetNamespace(), del.GetName())
+		if err == nil && obj.(*v1.Pod).UID != *pre.UID {
+			return true, nil, apierrors.NewConflict(action.GetResource().GroupResource(), del.GetName(), errors.New("UID precondition failed"))
+		}
+		return false, nil, nil
+	})
+	// The informer's list lags: it still has late's first pod at the end.
+	a := &Agent{opts: Options{Node: "n8", Client: client, RefusedGrace: time.Minute, Now: func() time.Time { return now },
+		NodePods: func() []*v1.Pod { return []*v1.Pod{hoarder, late} }}}
+	refusal := errors.New("pod lab/hoarder names spec.schedulerName \"default-scheduler\"")
+	a.preStarted(hoarder, "main", 31, refusal)
+	now = now.Add(30 * time.Second)
+	a.preStarted(late, "main", 1, refusal)
+	a.pruneRefused(context.Background())
+	if _, err := client.CoreV1().Pods("lab").Get(context.Background(), "hoarder", metav1.GetOptions{}); err != nil {
+		t.Fatalf("hoarder deleted within its grace: %v", err)
+	}
+	now = now.Add(30 * time.Second) // the hoarder's minute is up, not late's
+	a.pruneRefused(context.Background())
+	if _, err := client.CoreV1().Pods("lab").Get(context.Background(), "hoarder", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("hoarder after its grace: %v, want deleted", err)
+	}
+	if _, err := client.CoreV1().Pods("lab").Get(context.Background(), "late", metav1.GetOptions{}); err != nil {
+		t.Fatalf("late deleted before its grace: %v", err)
+	}
+	if got := testutil.ToFloat64(refusedSlots.WithLabelValues("n8")); got != 1 {
+		t.Errorf("tessera_agent_refused_slots = %v after the hoarder left, want 1", got)
+	}
+	// A new pod of the late one's name (its UID another) is not touched.
+	if err := client.CoreV1().Pods("lab").Delete(context.Background(), "late", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	again := late.DeepCopy()
+	again.UID = "l2"
+	if _, err := client.CoreV1().Pods("lab").Create(context.Background(), again, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(time.Hour)
+	a.pruneRefused(context.Background())
+	if p, err := client.CoreV1().Pods("lab").Get(context.Background(), "late", metav1.GetOptions{}); err != nil || p.UID != "l2" {
+		t.Errorf("the new pod named late: %v, %v", p, err)
+	}
+	evs, err := client.EventsV1().Events("lab").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := ""
+	for _, e := range evs.Items {
+		if e.Reason == "GPUSlotsReleased" && e.Regarding.Name == "hoarder" {
+			released = e.Note
+		}
+	}
+	if !strings.Contains(released, "pod lab/hoarder was refused its GPUs for 1m0s, holding 31 slot(s): deleted to free them") {
+		t.Errorf("no GPUSlotsReleased event on the hoarder (events %v)", evs.Items)
 	}
 }
 

@@ -76,6 +76,9 @@ type Options struct {
 	// leader on the shipped Lease, as the chart's replicas do (0 or 1: one
 	// scheduler, no election).
 	SchedulerReplicas int
+	// RefusedGrace is how long the agents let a pod refused its GPUs hold
+	// its slots before deleting it (the agent's default when zero).
+	RefusedGrace time.Duration
 }
 
 // Models are the GPU models a playground node can have.
