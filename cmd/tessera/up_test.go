@@ -2,7 +2,9 @@ package main
 
 import (
 	"os"
+	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 )
 
@@ -34,5 +36,34 @@ func TestUpKeepsItsLog(t *testing.T) {
 	fi, err := os.Stat(m[1])
 	if err != nil || fi.Size() == 0 {
 		t.Fatalf("log %s: %v (size %v)", m[1], err, fi)
+	}
+}
+
+// TestUpReportsAFailedStart: a playground that cannot start (here, a
+// TMPDIR too deep for kubelet's unix sockets) exits non-zero with the cause
+// and what to do, not a panic (issue 38: the start-up error was hidden by a
+// nil-pointer panic, and named a --dir flag that does not exist).
+func TestUpReportsAFailedStart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a control plane; skipped with -short")
+	}
+	deep := t.TempDir()
+	for len(deep) < 110 {
+		deep = filepath.Join(deep, "a-directory-far-too-deep-for-unix-sockets")
+	}
+	if err := os.MkdirAll(deep, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TMPDIR", deep)
+	code, out, errOut := runCLI(t, "up", "--demo", "--nodes", "1", "--gpus-per-node", "1")
+	if code != exitError {
+		t.Errorf("exit %d, want %d", code, exitError)
+	}
+	if strings.Contains(errOut, "panic") || strings.Contains(errOut, "goroutine ") {
+		t.Errorf("panicked:\n%s", errOut)
+	}
+	if !strings.Contains(errOut, "tessera up: state directory") || !strings.Contains(errOut, "too deep for unix sockets") ||
+		!strings.Contains(errOut, "point TMPDIR at a shorter directory") || strings.Contains(errOut, "--dir") {
+		t.Errorf("stderr does not give the cause and the remedy:\n%s\nstdout:\n%s", errOut, out)
 	}
 }

@@ -187,6 +187,10 @@ func (cp *controlPlane) startAPIServer(ctx context.Context, dir, etcdAddr string
 		// As a cluster authorizes: the scheduler and the agents act as their
 		// service accounts, with the shipped RBAC.
 		"--authorization-mode=RBAC",
+		// Kubelets by their loopback address and port (kubeletapi.go), never
+		// by node name: the playground's node names resolve nowhere, and
+		// looking them up would ask the host's resolver.
+		"--kubelet-preferred-address-types=InternalIP",
 	}); err != nil {
 		l.Close()
 		return err

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -105,6 +106,10 @@ type kubelet struct {
 	// status update in flight), as kubelet does not restart them.
 	exited map[types.UID]bool
 	synced map[string]int64 // last tessera.dev/gpu capacity written
+
+	// api is kubelet's HTTPS API on 127.0.0.1:apiPort (kubeletapi.go).
+	api     *http.Server
+	apiPort int
 }
 
 func (k *kubelet) pluginDir() string { return filepath.Join(k.dir, "device-plugins") }
@@ -131,6 +136,11 @@ func newKubelet(node, dir, noticeRoot string, client kubernetes.Interface, l *lo
 // start registers the Node and starts kubelet's servers; the pod workers run
 // until ctx ends (or the next restart).
 func (k *kubelet) start(ctx context.Context) error {
+	port, err := k.serveAPI()
+	if err != nil {
+		return err
+	}
+	k.apiPort = port
 	if err := k.registerNode(ctx); err != nil {
 		return err
 	}
@@ -320,8 +330,9 @@ func (k *kubelet) writeStatus(ctx context.Context, node *v1.Node) error {
 		Capacity: nodeCapacity.DeepCopy(), Allocatable: nodeCapacity.DeepCopy(),
 		Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady",
 			Message: "tessera playground node", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}},
-		Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "127.0.0.1"}, {Type: v1.NodeHostName, Address: k.node}},
-		NodeInfo:  v1.NodeSystemInfo{KubeletVersion: "v1.37.2-tessera-playground", OperatingSystem: "linux", Architecture: "amd64"},
+		Addresses:       []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "127.0.0.1"}, {Type: v1.NodeHostName, Address: k.node}},
+		DaemonEndpoints: v1.NodeDaemonEndpoints{KubeletEndpoint: v1.DaemonEndpoint{Port: int32(k.apiPort)}},
+		NodeInfo:        v1.NodeSystemInfo{KubeletVersion: "v1.37.2-tessera-playground", OperatingSystem: "linux", Architecture: "amd64"},
 	}
 	_, err := k.client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
 	return err

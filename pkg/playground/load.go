@@ -47,6 +47,8 @@ type load struct {
 	limits []*nvmltest.CgroupLimits
 	// stalled GPUs report their clocks held down by their power cap.
 	stalled map[int]bool
+	// signals are those the agent sent to the simulated processes.
+	signals map[uint32][]syscall.Signal
 }
 
 type gpuLoad struct {
@@ -285,6 +287,28 @@ func (l *load) kill(pid uint32) error {
 		return syscall.ESRCH
 	}
 	l.endLocked(pid)
+	return nil
+}
+
+// signal is the node's kill(pid, sig) for the agent's preemption notices:
+// the simulated PIDs are not the host's (they would name real processes of
+// the machine running the playground), so the signal is recorded, not
+// sent.
+func (l *load) signal(pid uint32, sig syscall.Signal) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	found := l.unkillable[pid]
+	for i := range l.gpus {
+		_, ok := l.gpus[i].procs[pid]
+		found = found || ok
+	}
+	if !found {
+		return syscall.ESRCH
+	}
+	if l.signals == nil {
+		l.signals = map[uint32][]syscall.Signal{}
+	}
+	l.signals[pid] = append(l.signals[pid], sig)
 	return nil
 }
 

@@ -17,8 +17,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -203,17 +205,19 @@ type Cluster struct {
 
 // Up starts a playground and returns when every node serves its GPUs: its
 // inventory is published and its device plugin registered.
-func Up(ctx context.Context, opts Options) (c *Cluster, err error) {
+func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	c = &Cluster{Dir: opts.Dir}
+	c := &Cluster{Dir: opts.Dir}
 	if c.Dir == "" {
 		if c.Dir, err = os.MkdirTemp("", "tessera-up-"); err != nil {
 			return nil, err
 		}
 		c.ownDir = true
 	}
+	// What started is stopped when a later part fails (c, not the nil
+	// that is returned).
 	defer func() {
 		if err != nil {
 			c.Down()
@@ -315,7 +319,7 @@ func (c *Cluster) startNode(ctx context.Context, opts Options, i int, mpsControl
 	name := fmt.Sprintf("gpu-node-%d", i)
 	dir := filepath.Join(c.Dir, name)
 	if l := len(filepath.Join(dir, "kubelet", "device-plugins")); l > maxSocketPath {
-		return nil, fmt.Errorf("state directory %s is too deep for unix sockets (%d > %d bytes); use a shorter --dir", c.Dir, l, maxSocketPath)
+		return nil, fmt.Errorf("state directory %s is too deep for unix sockets (%d > %d bytes); point TMPDIR at a shorter directory, such as /tmp", c.Dir, l, maxSocketPath)
 	}
 	srv, err := newServer(opts.Model, opts.GPUsPerNode)
 	if err != nil {
@@ -395,9 +399,9 @@ func (c *Cluster) runAgent(nctx context.Context, opts Options, n *Node, mpsContr
 		MPS: n.MPS, MPSBinary: mpsControl, MPSRoot: n.MPSRoot,
 		Holder: deviceplugin.PodResourcesHolder{Client: podresourcesapi.NewPodResourcesListerClient(n.conn)},
 		Pods:   nodePods.Get, CDIDir: n.CDIDir, ProcRoot: procRoot, NodePods: nodePods.List, AssignmentChanges: nodePods.Changes,
-		NoticeRoot: noticeRoot, Kill: n.load.kill, TimeSlicer: n.TimeSlices,
+		NoticeRoot: noticeRoot, Kill: n.load.kill, Signal: n.load.signal, TimeSlicer: n.TimeSlices,
 		CgroupRoot: n.CgroupRoot, IsolationEvery: time.Second, Namespace: "tessera-system", HeartbeatEvery: time.Second,
-		SpecCollectEvery: 2 * time.Second,
+		SpecCollectEvery: 2 * time.Second, RefusedGrace: opts.RefusedGrace,
 	})
 	if err != nil {
 		stopAgent()
@@ -458,6 +462,18 @@ func (n *Node) StopAgent() {
 	<-n.done
 }
 
+// Signals are the signals the node's agent sent its simulated GPU
+// processes, by PID.
+func (n *Node) Signals() map[uint32][]syscall.Signal {
+	n.load.mu.Lock()
+	defer n.load.mu.Unlock()
+	out := map[uint32][]syscall.Signal{}
+	for pid, s := range n.load.signals {
+		out[pid] = slices.Clone(s)
+	}
+	return out
+}
+
 // Stall makes GPU index i report its clocks held down by its power cap
 // (on) or not: while it is busy, the agent counts the samples as stalls.
 func (n *Node) Stall(i int, on bool) {
@@ -505,6 +521,7 @@ func (c *Cluster) Down() {
 			_ = n.metrics.Close()
 			_ = n.conn.Close()
 			n.kubelet.stop(logger)
+			n.kubelet.stopAPI()
 		}
 		c.stopSchedulers()
 		if c.cp != nil {

@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -127,7 +129,8 @@ func TestPreemptionCooperatingVictims(t *testing.T) {
 	c, _ := up(t, playground.Options{Nodes: 1, GPUsPerNode: 2, Model: "h100"})
 	const ns = "coop"
 	create(t, c.Client, wholeGPU(ns, "exits", "gpu-batch", map[string]string{playground.AnnotationOnPreemption: "exit"}))
-	create(t, c.Client, wholeGPU(ns, "checkpoints", "gpu-batch", map[string]string{playground.AnnotationOnPreemption: "checkpoint"}))
+	create(t, c.Client, wholeGPU(ns, "checkpoints", "gpu-batch", map[string]string{playground.AnnotationOnPreemption: "checkpoint",
+		preemption.AnnotationSignal: "SIGUSR1"}))
 	waitRunning(t, c.Client, ns, []string{"exits", "checkpoints"}, 30*time.Second)
 
 	const soft = `tessera_scheduler_preemption_levels_total{level="soft"}`
@@ -160,6 +163,22 @@ func TestPreemptionCooperatingVictims(t *testing.T) {
 	if ev := events(t, c.Client, ns, "checkpoints"); !hasAll(ev, "PreemptedAfterCheckpoint") {
 		t.Errorf("checkpoints: events %v", ev)
 	}
+	// The signal it asked for went to its simulated GPU process, through
+	// the playground's process table: simulated PIDs are not the host's,
+	// and kill(2) on them would signal the machine's own processes (issue
+	// 38).
+	signalled := 0
+	for pid, sigs := range c.Nodes[0].Signals() {
+		for _, s := range sigs {
+			if s == syscall.SIGUSR1 {
+				signalled++
+				t.Logf("simulated process %d got %v", pid, s)
+			}
+		}
+	}
+	if signalled != 1 {
+		t.Errorf("%d simulated processes got SIGUSR1, want the checkpointing victim's one (%v)", signalled, c.Nodes[0].Signals())
+	}
 	if ev := events(t, c.Client, ns, "urgent-a"); !hasAll(ev, "Preempting") {
 		t.Errorf("preemptor: events %v, want Preempting", ev)
 	}
@@ -173,6 +192,45 @@ func TestPreemptionCooperatingVictims(t *testing.T) {
 		t.Errorf("%v soft preemptions counted, want 2", d)
 	}
 }
+
+// TestPlaygroundStaysOnTheLoopback runs the hard-path preemption test,
+// whose scene record makes the API server fetch the victim's log from its
+// node's kubelet, again in a fresh network namespace that has nothing but
+// the loopback: a playground that resolved a name or dialed an address off
+// the machine fails there (issue 38: the API server resolved gpu-node-N
+// through the host's resolver). It needs root (unshare --net) and ip(8).
+func TestPlaygroundStaysOnTheLoopback(t *testing.T) {
+	if os.Getenv(inNetnsEnv) != "" {
+		t.Skip("already inside the fresh network namespace")
+	}
+	if testing.Short() {
+		t.Skip("starts a whole playground; skipped with -short")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("a fresh network namespace (unshare --net) needs root; run make test as root to include this check")
+	}
+	for _, tool := range []string{"unshare", "ip"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not found (util-linux, iproute2): %v", tool, err)
+		}
+	}
+	cmd := exec.Command("unshare", "--net", "sh", "-c", `ip link set lo up && exec "$0" "$@"`,
+		os.Args[0], "-test.run", "^TestPreemptionHardPathRecordsTheScene$", "-test.count", "1", "-test.v")
+	cmd.Env = append(os.Environ(), inNetnsEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	if strings.Contains(string(out), "unshare failed") || strings.Contains(string(out), "Operation not permitted") {
+		t.Skipf("this machine allows no network namespace: %s", out)
+	}
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestPreemptionHardPathRecordsTheScene") {
+		t.Fatalf("in a network namespace with only the loopback: %v\n%s", err, out)
+	}
+	if ifs, err := exec.Command("unshare", "--net", "ip", "-o", "link").Output(); err == nil && strings.Count(string(ifs), "\n") != 1 {
+		t.Errorf("a fresh network namespace here has more than the loopback:\n%s", ifs)
+	}
+}
+
+// inNetnsEnv marks the run of a test inside TestPlaygroundStaysOnTheLoopback.
+const inNetnsEnv = "TESSERA_E2E_IN_NETNS"
 
 // TestPreemptionHardPathRecordsTheScene: a victim that ignores its notice is
 // stopped when its (shortened) grace period ends, and its scene is recorded.
@@ -223,8 +281,10 @@ func TestPreemptionHardPathRecordsTheScene(t *testing.T) {
 		{"grace", sc.Deadline.Sub(sc.NoticeAt), 2 * time.Second},
 		{"stopped at or after the deadline", !sc.StoppedAt.Before(sc.Deadline), true},
 		{"reason names the preemptor", strings.Contains(sc.Reason, ns+"/urgent"), true},
-		// The playground's kubelet serves no logs; the record says so.
-		{"log", strings.HasPrefix(sc.Containers[0].LastLog, "unavailable: "), true},
+		// From the stand-in kubelet's API on the loopback, which the API
+		// server reaches by the Node's InternalIP and port (issue 38: it
+		// resolved the node's name through the host's resolver).
+		{"log", strings.Contains(sc.Containers[0].LastLog, "tessera playground: container main of pod "+ns+"/stubborn"), true},
 	}
 	for _, ch := range checks {
 		if ch.got != ch.want {
