@@ -71,6 +71,12 @@ var SchedulerRBAC string
 //go:embed tessera-agent.yaml
 var Agent string
 
+// AdmissionConfigMap is the ConfigMap, in Namespace, whose lists (allowed
+// host paths, binders, status writers, priority grants) the admission
+// policies read at every request: without it they refuse every request
+// they match.
+const AdmissionConfigMap = "tessera-admission"
+
 // The identities the admission policies trust, as the API server names the
 // service accounts' users.
 const (

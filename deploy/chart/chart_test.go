@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"helm.sh/helm/v4/pkg/chart/v2/lint"
 	"helm.sh/helm/v4/pkg/chart/v2/lint/support"
@@ -232,6 +233,20 @@ func TestRenderVariants(t *testing.T) {
 				t.Error("a disruption budget of one replica would block every drain")
 			}
 		}},
+		{"an operator's admission decisions", `admissionPolicies: {allowedHostPaths: [/data/models, /scratch], binders: ["system:serviceaccount:kai:kai-scheduler"],
+  podStatusWriters: [], priorityClassNamespaces: {gpu-critical: [prod], gpu-standard: [prod, research]}}
+agent: {refusedGrace: 90s}`, Operator, func(t *testing.T, objs []*unstructured.Unstructured) {
+			data, _, _ := unstructured.NestedStringMap(find(t, objs, "ConfigMap", "tessera-admission").Object, "data")
+			want := map[string]string{"allowedHostPaths": "/data/models,/scratch", "binders": "system:serviceaccount:kai:kai-scheduler",
+				"podStatusWriters": "", "gpu-critical": "prod", "gpu-standard": "prod,research"}
+			if d := cmp.Diff(want, data); d != "" {
+				t.Errorf("tessera-admission (-want +got):\n%s", d)
+			}
+			args := container(t, find(t, objs, "DaemonSet", "tessera-agent"))["args"].([]any)
+			if !slices.Contains(args, any("--refused-grace=90s")) {
+				t.Errorf("agent args %v lack --refused-grace=90s", args)
+			}
+		}},
 		{"guards and classes off", "admissionPolicies: {enabled: false}\npriorityClasses: {enabled: false}", Operator, func(t *testing.T, objs []*unstructured.Unstructured) {
 			for _, n := range names(objs) {
 				if strings.HasPrefix(n, "ValidatingAdmissionPolicy") || strings.HasPrefix(n, "PriorityClass/") {
@@ -270,6 +285,13 @@ func TestValuesSchema(t *testing.T) {
 		{"scheduler: {preemption: {gracePeriod: soon}}", "/scheduler/preemption/gracePeriod"},
 		{"monitoring: {grafana: true}", "grafana"},
 		{"image: {registry: \"\"}", "/image/registry"},
+		{"admissionPolicies: {allowedHostPaths: [/data/../run/tessera]}", "/admissionPolicies/allowedHostPaths/0"},
+		{"admissionPolicies: {allowedHostPaths: [data]}", "/admissionPolicies/allowedHostPaths/0"},
+		{"admissionPolicies: {allowedHostPaths: [/data/]}", "/admissionPolicies/allowedHostPaths/0"},
+		{"admissionPolicies: {binders: [\"a,b\"]}", "/admissionPolicies/binders/0"},
+		{"admissionPolicies: {priorityClassNamespaces: {gpu-critical: [Team_A]}}", "/admissionPolicies/priorityClassNamespaces/gpu-critical/0"},
+		{"admissionPolicies: {priorityClassNamespaces: {gpu-batch: [x]}}", "gpu-batch"},
+		{"agent: {refusedGrace: 5 minutes}", "/agent/refusedGrace"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.values, func(t *testing.T) {

@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/inventory"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
@@ -53,7 +54,8 @@ type ClusterOptions struct {
 }
 
 // Policies are the admission policies Tessera ships (deploy/admission-policies.yaml).
-var Policies = []string{"tessera-scheduler-annotations", "tessera-checkpointed", "tessera-gpu-pod-limits", "tessera-gpu-pod-node-name", "tessera-node-inventory"}
+var Policies = []string{"tessera-scheduler-annotations", "tessera-checkpointed", "tessera-gpu-pod-limits", "tessera-gpu-pod-node-name", "tessera-node-inventory",
+	"tessera-gpu-pod-scheduler", "tessera-pod-binding", "tessera-gpu-pod-status", "tessera-agent-node-bound", "tessera-gpu-priority"}
 
 // ClusterFacts is what the cluster checks judge.
 type ClusterFacts struct {
@@ -68,6 +70,9 @@ type ClusterFacts struct {
 	ListErrs      []error
 	Policies      map[string]bool // name → a binding refers to it
 	PolicyErr     error
+	// AdmissionConfigErr says why the policies' ConfigMap could not be
+	// read (NotFound when it is missing).
+	AdmissionConfigErr error
 	// SchedulerMetrics is the scheduler's metric families, nil when not
 	// read; SchedulerErr says why.
 	SchedulerMetrics map[string]*dto.MetricFamily
@@ -129,6 +134,9 @@ func GatherCluster(ctx context.Context, client kubernetes.Interface, o ClusterOp
 				}
 			}
 		}
+	}
+	if len(f.Policies) > 0 {
+		_, f.AdmissionConfigErr = client.CoreV1().ConfigMaps(o.Namespace).Get(ctx, deploy.AdmissionConfigMap, metav1.GetOptions{})
 	}
 	httpc := o.HTTP
 	if httpc == nil {
@@ -656,8 +664,13 @@ func checkPolicies(f ClusterFacts, _ ClusterOptions) []Finding {
 		out = append(out, Finding{ID: "policies.bound", Severity: Error, Summary: "admission policies without a binding are not in force",
 			Evidence: strings.Join(unbound, " "), Remedy: "Apply the bindings of deploy/admission-policies.yaml."})
 	}
+	if f.AdmissionConfigErr != nil && len(missing) < len(Policies) {
+		out = append(out, Finding{ID: "policies.config", Severity: Error,
+			Summary:  "the admission policies' ConfigMap cannot be read: they refuse every GPU pod, binding and status change they match",
+			Evidence: f.AdmissionConfigErr.Error(), Remedy: "Install the chart again (helm upgrade), or apply deploy/admission-policies.yaml, which holds ConfigMap " + deploy.AdmissionConfigMap + "."})
+	}
 	if len(out) == 0 {
-		out = append(out, pass("policies.installed", "", fmt.Sprintf("all %d admission policies installed and bound", len(Policies)), ""))
+		out = append(out, pass("policies.installed", "", fmt.Sprintf("all %d admission policies installed and bound, their ConfigMap %s present", len(Policies), deploy.AdmissionConfigMap), ""))
 	}
 	return out
 }

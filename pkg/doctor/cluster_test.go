@@ -18,6 +18,7 @@ import (
 	fakediscovery "k8s.io/client-go/discovery/fake"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/inventory"
 )
@@ -91,6 +92,7 @@ scheduler_scheduling_attempt_duration_seconds_count{result="scheduled"} 100
 			lease("tessera-system", inventory.HeartbeatName("n1"), "n1", 3*time.Second, 40),
 			lease("tessera-system", inventory.HeartbeatName("n2"), "n2", 3*time.Second, 40),
 			lease("kube-system", "tessera-scheduler", "sched-0_abc", 2*time.Second, 15)}
+		objs = append(objs, &v1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "tessera-system", Name: deploy.AdmissionConfigMap}})
 		return append(objs, policies(Policies...)...)
 	}
 	tests := []struct {
@@ -102,7 +104,18 @@ scheduler_scheduling_attempt_duration_seconds_count{result="scheduled"} 100
 		sev     Severity
 		want    []string
 	}{
-		{name: "healthy", objs: healthy, id: "policies.installed", sev: OK, want: []string{"all 5 admission policies"}},
+		{name: "healthy", objs: healthy, id: "policies.installed", sev: OK, want: []string{"all 10 admission policies installed and bound, their ConfigMap tessera-admission present"}},
+		{name: "the policies' ConfigMap missing",
+			objs: func(t *testing.T) []runtime.Object {
+				var objs []runtime.Object
+				for _, o := range healthy(t) {
+					if cm, ok := o.(*v1.ConfigMap); !ok || cm.Name != deploy.AdmissionConfigMap {
+						objs = append(objs, o)
+					}
+				}
+				return objs
+			},
+			id: "policies.config", sev: Error, want: []string{"they refuse every GPU pod", "not found", "apply deploy/admission-policies.yaml"}},
 		{name: "Kubernetes too old (compatibility row: k8s 1.24+)", objs: healthy, version: "v1.29.4",
 			id: "version.kubernetes", sev: Error, want: []string{"Kubernetes 1.29 is older than 1.34", "ValidatingAdmissionPolicy v1"}},
 		{name: "agent stopped: heartbeat stale",

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -74,6 +75,17 @@ func As(cfg *rest.Config, user string, extra map[string][]string) *rest.Config {
 	return out
 }
 
+// AsKubelet is cfg acting under the name kubelet has on node
+// (system:node:<node>, group system:nodes), which the policies let report
+// its pods' phase. The playground's API server authorizes with RBAC alone
+// (no Node authorizer), so the stand-in kubelet keeps an administrator's
+// rights under that name.
+func AsKubelet(cfg *rest.Config, node string) *rest.Config {
+	out := rest.CopyConfig(cfg)
+	out.Impersonate = rest.ImpersonationConfig{UserName: "system:node:" + node, Groups: []string{"system:nodes", "system:masters"}}
+	return out
+}
+
 // AsAgent is cfg acting as the tessera-agent of node, as a token bound to
 // the agent's pod there would.
 func AsAgent(cfg *rest.Config, node string) *rest.Config {
@@ -82,7 +94,9 @@ func AsAgent(cfg *rest.Config, node string) *rest.Config {
 
 // Guard applies what guards a cluster: the namespace, service accounts and
 // RBAC of tessera-scheduler and tessera-agent (not the agent's DaemonSet),
-// and the admission policies; it returns once every policy is in force.
+// and the admission policies, with every namespace granted the preempting
+// priority classes; it returns once every policy is in force (the status
+// policy, which no dry run reaches without a pod, loads with the others).
 func Guard(ctx context.Context, cfg *rest.Config) error {
 	var objs []*unstructured.Unstructured
 	for _, m := range []struct{ name, manifest string }{
@@ -95,9 +109,19 @@ func Guard(ctx context.Context, cfg *rest.Config) error {
 			return fmt.Errorf("deploy/%s: %w", m.name, err)
 		}
 		for _, u := range o {
-			if u.GetKind() != "DaemonSet" {
-				objs = append(objs, u)
+			if u.GetKind() == "DaemonSet" {
+				continue
 			}
+			if u.GetKind() == "ConfigMap" && u.GetName() == deploy.AdmissionConfigMap {
+				// A sandbox of one user: every namespace may use the
+				// preempting classes (the end-to-end tests make their own).
+				for _, class := range []string{"gpu-critical", "gpu-standard"} {
+					if err := unstructured.SetNestedField(u.Object, "*", "data", class); err != nil {
+						return err
+					}
+				}
+			}
+			objs = append(objs, u)
 		}
 	}
 	if err := Apply(ctx, cfg, objs); err != nil {
@@ -115,6 +139,18 @@ func WaitForPolicies(ctx context.Context, cfg *rest.Config) error {
 		return err
 	}
 	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	// An administrator (system:masters, whom RBAC lets bind) who is no
+	// scheduler.
+	probeAdmin := rest.CopyConfig(cfg)
+	probeAdmin.Impersonate = rest.ImpersonationConfig{UserName: "tessera-guard-probe", Groups: []string{"system:masters"}}
+	asProbe, err := kubernetes.NewForConfig(probeAdmin)
+	if err != nil {
+		return err
+	}
+	asAgent, err := kubernetes.NewForConfig(As(cfg, deploy.AgentUser, nil))
+	if err != nil {
+		return err
+	}
 	probe := func(mutate func(*v1.Pod)) func(context.Context) error {
 		return func(ctx context.Context) error {
 			p := guardProbePod()
@@ -131,17 +167,33 @@ func WaitForPolicies(ctx context.Context, cfg *rest.Config) error {
 			p.Spec.Containers[0].SecurityContext = &v1.SecurityContext{Privileged: &yes}
 		}),
 		"tessera-gpu-pod-node-name": probe(func(p *v1.Pod) { p.Spec.NodeName = "guard-probe" }),
+		"tessera-gpu-pod-scheduler": probe(func(p *v1.Pod) { p.Spec.SchedulerName = "" }),
+		// Its parameters loaded too: the refusal is the rule's, not the
+		// one for a missing ConfigMap.
+		"tessera-gpu-priority": probe(func(p *v1.Pod) { p.Spec.PriorityClassName = "system-node-critical" }),
 		"tessera-node-inventory": func(ctx context.Context) error {
 			n := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "guard-probe", Annotations: map[string]string{gpu.AnnotationInventory: "{}"}}}
 			_, err := client.CoreV1().Nodes().Create(ctx, n, dry)
 			return err
 		},
+		"tessera-pod-binding": func(ctx context.Context) error {
+			b := &v1.Binding{ObjectMeta: metav1.ObjectMeta{Name: "guard-probe"}, Target: v1.ObjectReference{Kind: "Node", Name: "guard-probe"}}
+			return asProbe.CoreV1().Pods(metav1.NamespaceDefault).Bind(ctx, b, dry)
+		},
+		"tessera-agent-node-bound": func(ctx context.Context) error {
+			l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "guard-probe"}}
+			_, err := asAgent.CoordinationV1().Leases(deploy.Namespace).Create(ctx, l, dry)
+			return err
+		},
 	}
+	// A refusal that names the policy but comes from its missing
+	// parameters is not the policy in force.
+	const noParams = "no params found"
 	for policy, try := range probes {
 		var last error
 		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 			last = try(ctx)
-			return apierrors.IsForbidden(last) && strings.Contains(last.Error(), "'"+policy+"'"), nil
+			return apierrors.IsForbidden(last) && strings.Contains(last.Error(), "'"+policy+"'") && !strings.Contains(last.Error(), noParams), nil
 		})
 		if err != nil {
 			return fmt.Errorf("admission policy %s not in force after a minute (its probe got: %v): %w", policy, last, err)
@@ -154,7 +206,7 @@ func WaitForPolicies(ctx context.Context, cfg *rest.Config) error {
 func guardProbePod() *v1.Pod {
 	return &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "guard-probe"},
-		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "main", Image: "none",
+		Spec: v1.PodSpec{SchedulerName: "tessera-scheduler", Containers: []v1.Container{{Name: "main", Image: "none",
 			Resources: v1.ResourceRequirements{Limits: v1.ResourceList{gpu.ResourceGPU: resource.MustParse("1")}}}}},
 	}
 }

@@ -338,7 +338,12 @@ func (c *Cluster) startNode(ctx context.Context, opts Options, i int, mpsControl
 		cancel()
 		return nil, err
 	}
-	n.kubelet = newKubelet(name, filepath.Join(dir, "kubelet"), noticeRoot, c.Client, n.load)
+	kubeletClient, err := kubernetes.NewForConfig(AsKubelet(c.Config, name))
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	n.kubelet = newKubelet(name, filepath.Join(dir, "kubelet"), noticeRoot, kubeletClient, n.load)
 	n.kubelet.cgroupRoot = n.CgroupRoot
 	n.PodResourcesSocket, n.CDIDir, n.MPSRoot = n.kubelet.podResourcesSocket(), filepath.Join(dir, "cdi"), filepath.Join(dir, "mps")
 	if err := n.kubelet.start(nctx); err != nil {

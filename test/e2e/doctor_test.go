@@ -73,10 +73,13 @@ func TestDoctorFindsInjectedFaults(t *testing.T) {
 	if err != nil {
 		t.Fatal("the oom pod did not fail")
 	}
-	// A pod an administrator bound past the scheduler: its agent refuses it.
+	// A pod an administrator bound past the scheduler, before the policies
+	// that now refuse it: its agent refuses it.
 	rogue := playground.PodSpec{Name: "rogue", GPUs: 1, MemoryMiB: 4096, Cores: 10}.Pod(ns)
 	rogue.Spec.SchedulerName = "elsewhere"
-	refused(t, c.Client, rogue, c.Nodes[0].Name, nil, c.Config, deviceplugin.ErrNoAssignment)
+	beforePolicies(t, c, func() {
+		refused(t, c.Client, rogue, c.Nodes[0].Name, nil, c.Config, deviceplugin.ErrNoAssignment)
+	})
 	// The agent of the second node stops.
 	c.Nodes[1].StopAgent()
 

@@ -205,7 +205,7 @@ func scrape(t *testing.T, url string) string {
 // the scheduler did not place is refused its GPUs with a reason on the pod;
 // a deleted pod's slots are released; and Down leaves nothing behind.
 func TestPlayground(t *testing.T) {
-	c, start := up(t, playground.Options{Nodes: 3, GPUsPerNode: 4, Model: "a100", MPSNodes: 1})
+	c, start := up(t, playground.Options{Nodes: 3, GPUsPerNode: 4, Model: "a100", MPSNodes: 1, RefusedGrace: refusedGrace})
 
 	// The kubeconfig is what a user gets.
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
@@ -409,11 +409,21 @@ func TestPlayground(t *testing.T) {
 		!strings.Contains(err.Error(), "ValidatingAdmissionPolicy 'tessera-gpu-pod-node-name'") {
 		t.Fatalf("GPU pod naming its node: %v, want refused by tessera-gpu-pod-node-name", err)
 	}
-	// Past admission, the agent is the second guard. A pod of no Tessera
-	// profile, bound by an administrator without an assignment: the agent
-	// refuses its slots and kubelet shows why.
+	// So is a GPU pod for another scheduler, and a binding by anyone but a
+	// scheduler (issue 38: slots hoarded through kube-scheduler or a
+	// binding without an assignment).
 	rogue.Spec.NodeName, rogue.Spec.SchedulerName = "", "elsewhere"
-	refused(t, client, rogue, c.Nodes[2].Name, nil, c.Config, deviceplugin.ErrNoAssignment)
+	if _, err := client.CoreV1().Pods(ns).Create(context.Background(), rogue, metav1.CreateOptions{}); !apierrors.IsForbidden(err) ||
+		!strings.Contains(err.Error(), "ValidatingAdmissionPolicy 'tessera-gpu-pod-scheduler'") {
+		t.Fatalf("GPU pod for another scheduler: %v, want refused by tessera-gpu-pod-scheduler", err)
+	}
+	// Past admission (pods created before the policies were installed),
+	// the agent is the second guard. A pod of no Tessera profile, bound by
+	// an administrator without an assignment: the agent refuses its slots
+	// and kubelet shows why.
+	beforePolicies(t, c, func() {
+		refused(t, client, rogue, c.Nodes[2].Name, nil, c.Config, deviceplugin.ErrNoAssignment)
+	})
 	// The same, bound with an assignment by tessera-scheduler's own
 	// identity (a trusted writer gone wrong): not a Tessera profile's pod,
 	// so the assignment is not honoured.
@@ -428,13 +438,28 @@ func TestPlayground(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	refused(t, client, forged, c.Nodes[2].Name, map[string]string{gpu.AnnotationAssignment: a},
-		playground.As(c.Config, deploy.SchedulerUser, nil), deviceplugin.ErrNotTesseraScheduled)
+	beforePolicies(t, c, func() {
+		refused(t, client, forged, c.Nodes[2].Name, map[string]string{gpu.AnnotationAssignment: a},
+			playground.As(c.Config, deploy.SchedulerUser, nil), deviceplugin.ErrNotTesseraScheduled)
+	})
 
 	// An inventory overwritten with garbage (here by a token of that
 	// node's agent, the only identity the policies let write it) is
 	// restored by the agent, and a Warning event on the real API server
 	// says so.
+	// Before that, every agent has published its inventory several times
+	// (at start, as pods came and went): none took its own writes for
+	// someone else's (issue 38: the warning followed the agent's own
+	// updates, so a real change looked routine).
+	if evs, err := client.EventsV1().Events(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	} else {
+		for _, e := range evs.Items {
+			if e.Reason == "GPUInventoryRestored" {
+				t.Errorf("node %s: %s before anyone else wrote an inventory: %s", e.Regarding.Name, e.Reason, e.Note)
+			}
+		}
+	}
 	garbage := []byte(`{"metadata":{"annotations":{"` + gpu.AnnotationInventory + `":"{\"v\":\"v1\",\"gpus\":[{\"memoryMiB\":300000}"}}}`)
 	agentOf2 := kubernetes.NewForConfigOrDie(playground.AsAgent(c.Config, c.Nodes[2].Name))
 	if _, err := agentOf2.CoreV1().Nodes().Patch(context.Background(), c.Nodes[2].Name, types.MergePatchType, garbage, metav1.PatchOptions{}); err != nil {
@@ -513,6 +538,25 @@ func TestPlayground(t *testing.T) {
 	})
 	if err != nil {
 		t.Error("the deleted pod's kernel GPU memory limit was not removed")
+	}
+
+	// The pods refused their GPUs are deleted by their agent when the
+	// grace is up, and kubelet holds their slots no more.
+	err = wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, refusedGrace+30*time.Second, true, func(ctx context.Context) (bool, error) {
+		for _, name := range []string{"rogue", "forged"} {
+			if _, err := client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Errorf("pods refused their GPUs still there %s after the grace (%s)", 30*time.Second, refusedGrace)
+	}
+	for key := range held(t, c.Nodes[2].PodResourcesSocket) {
+		if strings.HasPrefix(key, ns+"/rogue/") || strings.HasPrefix(key, ns+"/forged/") {
+			t.Errorf("%s still holds slots after its pod was deleted", key)
+		}
 	}
 
 	// Down stops every process and removes every file.
@@ -618,6 +662,44 @@ func refused(t *testing.T, client kubernetes.Interface, pod *v1.Pod, node string
 	if err != nil {
 		p, _ := client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
 		t.Fatalf("%s not refused with %q: %+v", pod.Name, want, p.Status)
+	}
+}
+
+// refusedGrace is how long TestPlayground's agents let a pod refused its
+// GPUs hold its slots.
+const refusedGrace = 20 * time.Second
+
+// beforePolicies runs fn on a cluster as it was before Tessera's policies
+// that keep GPU pods to Tessera's scheduler were installed (their bindings
+// removed), for pods that got in then; it installs them again after.
+func beforePolicies(t *testing.T, c *playground.Cluster, fn func()) {
+	t.Helper()
+	ctx := context.Background()
+	for _, p := range []string{"tessera-gpu-pod-scheduler", "tessera-pod-binding"} {
+		if err := c.Client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(ctx, p, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The admission plugin lets go of them a moment later: until then an
+	// administrator's binding of a pod that does not exist is refused
+	// rather than not found.
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		b := &v1.Binding{ObjectMeta: metav1.ObjectMeta{Name: "no-such-pod"}, Target: v1.ObjectReference{Kind: "Node", Name: c.Nodes[0].Name}}
+		err := c.Client.CoreV1().Pods(metav1.NamespaceDefault).Bind(ctx, b, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if !apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		p := playground.PodSpec{Name: "no-such-pod", GPUs: 1}.Pod(metav1.NamespaceDefault)
+		p.Spec.SchedulerName = "elsewhere"
+		_, err = c.Client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("the policies' bindings were deleted but still in force after a minute: %v", err)
+	}
+	fn()
+	if err := playground.Guard(ctx, c.Config); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -107,6 +107,7 @@ func TestChartDryRun(t *testing.T) {
 		{"custom image registry", "image: {registry: registry.corp.example:5000/gpu, tag: v9.9.9, pullSecrets: [{name: corp}]}", operator},
 		{"the only scheduler", "scheduler: {mode: only, replicas: 1, leaseNamespace: tessera-system}", operator},
 		{"plain manifests", "createNamespace: true", nil},
+		{"an operator's admission decisions", "admissionPolicies: {allowedHostPaths: [/data/models], binders: [\"system:serviceaccount:kai:kai-scheduler\"], priorityClassNamespaces: {gpu-critical: [prod]}}\nagent: {refusedGrace: 90s}", operator},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var values map[string]any
