@@ -408,6 +408,9 @@ func TestRefusedPodsAreDeletedAfterTheGrace(t *testing.T) {
 		if e.Reason == "GPUSlotsReleased" && e.Regarding.Name == "hoarder" {
 			released = e.Note
 		}
+		if e.Reason == "GPUSlotsReleased" && e.Regarding.Name == "late" {
+			t.Errorf("a release reported for late, whose name is another pod's now: %s", e.Note)
+		}
 	}
 	if !strings.Contains(released, "pod lab/hoarder was refused its GPUs for 1m0s, holding 31 slot(s): deleted to free them") {
 		t.Errorf("no GPUSlotsReleased event on the hoarder (events %v)", evs.Items)

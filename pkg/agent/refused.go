@@ -143,8 +143,19 @@ func (a *Agent) releaseRefused(ctx context.Context, uid types.UID, r refusedPod)
 	for _, n := range r.slots {
 		held += n
 	}
+	forget := func() {
+		a.refusedMu.Lock()
+		delete(a.refused, uid)
+		total := a.refusedTotalLocked()
+		a.refusedMu.Unlock()
+		refusedSlots.WithLabelValues(a.opts.Node).Set(float64(total))
+	}
 	err := a.opts.Client.CoreV1().Pods(r.namespace).Delete(ctx, r.name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
-	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+	switch {
+	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+		forget() // gone already, or the name is another pod's now
+		return
+	case err != nil:
 		logger.Error(err, "Could not delete a pod refused its GPUs; its slots stay held", "pod", klog.KRef(r.namespace, r.name))
 		return
 	}
@@ -154,11 +165,7 @@ func (a *Agent) releaseRefused(ctx context.Context, uid types.UID, r refusedPod)
 	a.eventOn(ctx, now, v1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: r.namespace, Name: r.name, UID: uid},
 		v1.EventTypeWarning, "GPUSlotsReleased", "Delete", msg)
 	a.event(ctx, now, v1.EventTypeWarning, "GPUSlotsReleased", "Delete", msg)
-	a.refusedMu.Lock()
-	delete(a.refused, uid)
-	total := a.refusedTotalLocked()
-	a.refusedMu.Unlock()
-	refusedSlots.WithLabelValues(a.opts.Node).Set(float64(total))
+	forget()
 }
 
 // forgetDeparted forgets refused pods that left the node.
