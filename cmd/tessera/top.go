@@ -44,6 +44,14 @@ func newTopCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 				fmt.Fprintf(stderr, "tessera top: %v\n", err)
 				return exitUsage
 			}
+			switch {
+			case *watch < 0:
+				fmt.Fprintf(stderr, "tessera top: --watch %s: give a positive interval, such as 5s (or none, to print once)\n", *watch)
+				return exitUsage
+			case *webAddr != "" && (*output != "" || *watch != 0):
+				fmt.Fprintln(stderr, "tessera top: --web serves a live page; -o and --watch print to the terminal: give one or the other")
+				return exitUsage
+			}
 			cfg, err := cluster.restConfig()
 			if err != nil {
 				fmt.Fprintf(stderr, "tessera top: %v\n", err)
@@ -79,11 +87,23 @@ func newTopCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 					fmt.Fprintf(stderr, "tessera top: %v\n", err)
 					return exitError
 				}
-				if *watch > 0 {
-					fmt.Fprintf(stdout, "\n%s\n", time.Now().Format(time.TimeOnly))
-				}
-				if err := top.Render(stdout, snap); err != nil {
-					return exitError
+				switch {
+				case *output == "yaml" && *watch > 0:
+					// One YAML document per interval, as kubectl get -w -o yaml.
+					fmt.Fprintln(stdout, "---")
+					fallthrough
+				case *output != "":
+					if err := printData(stdout, *output, snap); err != nil {
+						fmt.Fprintf(stderr, "tessera top: %v\n", err)
+						return exitError
+					}
+				default:
+					if *watch > 0 {
+						fmt.Fprintf(stdout, "\n%s\n", time.Now().Format(time.TimeOnly))
+					}
+					if err := top.Render(stdout, snap); err != nil {
+						return exitError
+					}
 				}
 				if *watch <= 0 {
 					return exitOK
