@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -27,6 +29,19 @@ worst first. The exit code is the worst severity: 0 ok or info, 1 warning,
 2 error.`,
 	}
 	cmd.AddCommand(newDoctorNodeCmd(stdout, stderr, code), newDoctorClusterCmd(stdout, stderr, code))
+	// Cobra prints a parent's help and succeeds for any word it does not
+	// know, so `tessera doctor nodes && echo healthy` said healthy.
+	cmd.Args, cmd.SuggestionsMinimumDistance = cobra.ArbitraryArgs, 2
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return fmt.Errorf("%s needs a subcommand: node or cluster", cmd.CommandPath())
+		}
+		msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+		if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+			msg += "; did you mean " + strings.Join(s, " or ") + "?"
+		}
+		return errors.New(msg)
+	}
 	return cmd
 }
 

@@ -35,8 +35,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	code := exitOK
 	root := newRootCmd(stdout, stderr, &code)
 	root.SetArgs(args)
-	if err := root.Execute(); err != nil {
-		fmt.Fprintf(stderr, "tessera: %v\nRun 'tessera --help' for usage.\n", err)
+	if cmd, err := root.ExecuteC(); err != nil {
+		// The help of the command that refused, as kubectl points to it.
+		fmt.Fprintf(stderr, "tessera: %v\nRun '%s --help' for usage.\n", err, cmd.CommandPath())
 		return exitUsage
 	}
 	return code

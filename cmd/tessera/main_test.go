@@ -125,3 +125,31 @@ func TestTopWithoutACluster(t *testing.T) {
 		t.Errorf("-o xml: exit %d, stderr %q", code, errOut)
 	}
 }
+
+// TestMistypedCommandsFail: a mistyped subcommand or a bad flag value exits
+// 2 and points to the help of the command that refused it, as kubectl does
+// (issue 39: `tessera doctor nodes` printed help and exited 0, so
+// `tessera doctor nodes && echo healthy` said healthy; flag errors pointed
+// to the root help).
+func TestMistypedCommandsFail(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"doctor", "nodes"}, []string{`unknown command "nodes" for "tessera doctor"; did you mean node?`, "Run 'tessera doctor --help' for usage."}},
+		{[]string{"doctor"}, []string{"tessera doctor needs a subcommand: node or cluster", "Run 'tessera doctor --help'"}},
+		{[]string{"bogus"}, []string{`unknown command "bogus" for "tessera"`, "Run 'tessera --help' for usage."}},
+		{[]string{"top", "--watch=soon"}, []string{`invalid argument "soon" for "--watch" flag`, "Run 'tessera top --help' for usage."}},
+		{[]string{"doctor", "cluster", "--stall-threshold", "2"}, []string{"--stall-threshold 2: want a fraction between 0 and 1", "Run 'tessera doctor cluster --help' for usage."}},
+	} {
+		code, out, errOut := runCLI(t, tc.args...)
+		if code != exitUsage {
+			t.Errorf("tessera %v: exit %d, want %d (stdout %q)", tc.args, code, exitUsage, out)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(errOut, w) {
+				t.Errorf("tessera %v: stderr %q lacks %q", tc.args, errOut, w)
+			}
+		}
+	}
+}
