@@ -104,19 +104,17 @@ func newUpCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 					fmt.Fprintf(stderr, "tessera up: %v\n", err)
 					return exitUsage
 				}
-				webLine = "Web view:          " + url + "\n\t\t"
+				webLine = "  Web view:          " + url + "\n"
 			}
 			if !*demo || *keep {
-				fmt.Fprintf(stdout, `  export KUBECONFIG=%s
-		  kubectl get nodes
-		  kubectl get pods -A -o wide
-		  tessera top --kubeconfig %s --metrics %s
-
-		%sScheduler metrics: %s (self-signed HTTPS)
-		Agent metrics:     %s
-		Components' log:   %s
-
-		`, c.Kubeconfig, c.Kubeconfig, strings.Join(metrics, ","), webLine, c.SchedulerMetricsURL, strings.Join(metrics, " "), logPath)
+				fmt.Fprintf(stdout, "  export KUBECONFIG=%s\n"+
+					"  kubectl get nodes\n"+
+					"  kubectl get pods -A -o wide\n"+
+					"  tessera top --kubeconfig %s --metrics %s\n\n"+
+					"%s"+
+					"  Scheduler metrics: %s (self-signed HTTPS)\n"+
+					"  Agent metrics:     %s\n"+
+					"  Components' log:   %s\n\n", c.Kubeconfig, c.Kubeconfig, strings.Join(metrics, ","), webLine, c.SchedulerMetricsURL, strings.Join(metrics, " "), logPath)
 			}
 			if *demo {
 				if err := runDemo(ctx, c, start, metrics, stdout); err != nil {

@@ -276,8 +276,11 @@ func ParseSeeds(s string) ([]uint64, error) {
 		}
 		b = a
 		if isRange {
-			if _, err := fmt.Sscanf(hi, "%d", &b); err != nil || strings.TrimSpace(hi) != fmt.Sprint(b) || b < a {
+			if _, err := fmt.Sscanf(hi, "%d", &b); err != nil || strings.TrimSpace(hi) != fmt.Sprint(b) {
 				return nil, fmt.Errorf("--seeds %q: %q is not a range low-high", s, part)
+			}
+			if b < a {
+				return nil, fmt.Errorf("--seeds %q: range %q runs backwards; write it low-high, as %d-%d", s, part, b, a)
 			}
 		}
 		if b-a > 10000 {

@@ -188,4 +188,9 @@ func TestParseSeeds(t *testing.T) {
 			t.Errorf("ParseSeeds(%q) accepted", bad)
 		}
 	}
+	// A range written backwards says so, and how to write it (issue 39:
+	// "9-3 is not a range").
+	if _, err := ParseSeeds("9-3"); err == nil || !strings.Contains(err.Error(), `range "9-3" runs backwards; write it low-high, as 3-9`) {
+		t.Errorf("ParseSeeds(9-3): %v", err)
+	}
 }
