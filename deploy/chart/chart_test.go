@@ -3,6 +3,7 @@ package chart
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"helm.sh/helm/v4/pkg/chart/v2/lint"
 	"helm.sh/helm/v4/pkg/chart/v2/lint/support"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/deploy"
@@ -247,6 +249,64 @@ agent: {refusedGrace: 90s}`, Operator, func(t *testing.T, objs []*unstructured.U
 				t.Errorf("agent args %v lack --refused-grace=90s", args)
 			}
 		}},
+		{"kube-prometheus-stack's selectors", `monitoring:
+  serviceMonitor: {interval: 1d, labels: {release: kps}, annotations: {team: sre}}
+  rules: {labels: {release: kps}, annotations: {team: sre}}`, Operator, func(t *testing.T, objs []*unstructured.Unstructured) {
+			// kube-prometheus-stack's Prometheus selects ServiceMonitors and
+			// PrometheusRules by {release: <its release>} by default
+			// (serviceMonitorSelectorNilUsesHelmValues, ruleSelectorNilUsesHelmValues).
+			selected := selectedBy(objs, labels.SelectorFromSet(labels.Set{"release": "kps"}))
+			if want := []string{"PrometheusRule/tessera", "ServiceMonitor/tessera-agent", "ServiceMonitor/tessera-scheduler"}; !slices.Equal(selected, want) {
+				t.Errorf("kube-prometheus-stack's selector picks %v, want %v", selected, want)
+			}
+			for _, n := range []string{"tessera-agent", "tessera-scheduler"} {
+				sm := find(t, objs, "ServiceMonitor", n)
+				if sm.GetAnnotations()["team"] != "sre" {
+					t.Errorf("ServiceMonitor %s annotations %v", n, sm.GetAnnotations())
+				}
+				eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+				if iv := eps[0].(map[string]any)["interval"]; iv != "1d" {
+					t.Errorf("ServiceMonitor %s interval %v", n, iv)
+				}
+			}
+		}},
+		{"no monitoring labels", "", Operator, func(t *testing.T, objs []*unstructured.Unstructured) {
+			// What the issue found: without labels kube-prometheus-stack's
+			// default selector picks none of Tessera's objects.
+			if selected := selectedBy(objs, labels.SelectorFromSet(labels.Set{"release": "kps"})); len(selected) != 0 {
+				t.Errorf("selected without labels: %v", selected)
+			}
+		}},
+		{"pods placed per component", `scheduler: {podAnnotations: {a.example/x: "1"}, priorityClassName: "", nodeSelector: {role: control}, tolerations: [{key: control, operator: Exists}], resources: {requests: {cpu: 200m}}}
+agent: {podAnnotations: {a.example/y: "2"}, priorityClassName: gpu-infra, nodeSelector: {gpu: "yes"}, tolerations: [], resources: {limits: {memory: 1Gi}}}`, Operator, func(t *testing.T, objs []*unstructured.Unstructured) {
+			for _, tc := range []struct {
+				kind, name, annotation, value, priority, selector string
+			}{
+				{"Deployment", "tessera-scheduler", "a.example/x", "1", "", "control"},
+				{"DaemonSet", "tessera-agent", "a.example/y", "2", "gpu-infra", "yes"},
+			} {
+				o := find(t, objs, tc.kind, tc.name)
+				ann, _, _ := unstructured.NestedStringMap(o.Object, "spec", "template", "metadata", "annotations")
+				if ann[tc.annotation] != tc.value {
+					t.Errorf("%s pod annotations %v", tc.name, ann)
+				}
+				if pc, _, _ := unstructured.NestedString(o.Object, "spec", "template", "spec", "priorityClassName"); pc != tc.priority {
+					t.Errorf("%s priorityClassName %q, want %q", tc.name, pc, tc.priority)
+				}
+				sel, _, _ := unstructured.NestedStringMap(o.Object, "spec", "template", "spec", "nodeSelector")
+				if sel["role"] != tc.selector && sel["gpu"] != tc.selector {
+					t.Errorf("%s nodeSelector %v", tc.name, sel)
+				}
+			}
+			if _, ok, _ := unstructured.NestedSlice(find(t, objs, "DaemonSet", "tessera-agent").Object, "spec", "template", "spec", "tolerations"); ok {
+				t.Error("agent tolerations rendered though none were given")
+			}
+			// Helm merges a given map into the default: cpu 200m beside the
+			// default memory request.
+			if res := container(t, find(t, objs, "Deployment", "tessera-scheduler"))["resources"]; fmt.Sprint(res) != "map[limits:map[memory:1Gi] requests:map[cpu:200m memory:256Mi]]" {
+				t.Errorf("scheduler resources %v", res)
+			}
+		}},
 		{"guards and classes off", "admissionPolicies: {enabled: false}\npriorityClasses: {enabled: false}", Operator, func(t *testing.T, objs []*unstructured.Unstructured) {
 			for _, n := range names(objs) {
 				if strings.HasPrefix(n, "ValidatingAdmissionPolicy") || strings.HasPrefix(n, "PriorityClass/") {
@@ -292,6 +352,11 @@ func TestValuesSchema(t *testing.T) {
 		{"admissionPolicies: {priorityClassNamespaces: {gpu-critical: [Team_A]}}", "/admissionPolicies/priorityClassNamespaces/gpu-critical/0"},
 		{"admissionPolicies: {priorityClassNamespaces: {gpu-batch: [x]}}", "gpu-batch"},
 		{"agent: {refusedGrace: 5 minutes}", "/agent/refusedGrace"},
+		// The ServiceMonitor CRD's duration: no fractions, no µs, days allowed.
+		{"monitoring: {serviceMonitor: {interval: 1.5m}}", "/monitoring/serviceMonitor/interval"},
+		{"monitoring: {serviceMonitor: {interval: 500us}}", "/monitoring/serviceMonitor/interval"},
+		{"monitoring: {serviceMonitor: {labels: {release: 7}}}", "/monitoring/serviceMonitor/labels/release"},
+		{"agent: {priorityClassName: Node_Critical}", "/agent/priorityClassName"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.values, func(t *testing.T) {
@@ -305,6 +370,18 @@ func TestValuesSchema(t *testing.T) {
 			}
 		})
 	}
+}
+
+// selectedBy lists the objects sel selects by their labels, as Kind/name.
+func selectedBy(objs []*unstructured.Unstructured, sel labels.Selector) []string {
+	var out []string
+	for _, o := range objs {
+		if sel.Matches(labels.Set(o.GetLabels())) {
+			out = append(out, o.GetKind()+"/"+o.GetName())
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // TestLint runs Helm's linter over the chart, with the default values and

@@ -107,6 +107,8 @@ func TestChartDryRun(t *testing.T) {
 		{"custom image registry", "image: {registry: registry.corp.example:5000/gpu, tag: v9.9.9, pullSecrets: [{name: corp}]}", operator},
 		{"the only scheduler", "scheduler: {mode: only, replicas: 1, leaseNamespace: tessera-system}", operator},
 		{"plain manifests", "createNamespace: true", nil},
+		{"kube-prometheus-stack's selectors and per-component pods", "monitoring: {serviceMonitor: {interval: 1d, labels: {release: kps}}, rules: {labels: {release: kps}, annotations: {team: sre}}}\n" +
+			"scheduler: {podAnnotations: {a.example/x: \"1\"}, priorityClassName: \"\"}\nagent: {podAnnotations: {a.example/y: \"2\"}}", operator},
 		{"an operator's admission decisions", "admissionPolicies: {allowedHostPaths: [/data/models], binders: [\"system:serviceaccount:kai:kai-scheduler\"], priorityClassNamespaces: {gpu-critical: [prod]}}\nagent: {refusedGrace: 90s}", operator},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
