@@ -71,6 +71,16 @@ var SchedulerRBAC string
 //go:embed tessera-agent.yaml
 var Agent string
 
+// InstallCommand is the helm command that installs the chart from a
+// checkout with the images `make images` tagged <registry>/<name>:<tag>:
+// what make images prints, and the README's install step. The tag goes
+// through --set-string, since Helm's --set makes a tag of digits (a short
+// commit hash can be one) a number, which the chart's schema refuses.
+func InstallCommand(registry, tag string) string {
+	return "helm install tessera deploy/chart/tessera -n " + Namespace + " --create-namespace \\\n" +
+		"    --set image.registry=" + registry + " --set-string image.tag=" + tag
+}
+
 // AdmissionConfigMap is the ConfigMap, in Namespace, whose lists (allowed
 // host paths, binders, status writers, priority grants) the admission
 // policies read at every request: without it they refuse every request

@@ -14,6 +14,7 @@ import (
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"helm.sh/helm/v4/pkg/chart/v2/lint"
 	"helm.sh/helm/v4/pkg/chart/v2/lint/support"
+	"helm.sh/helm/v4/pkg/strvals"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
@@ -413,5 +414,69 @@ func TestManifestsUpToDate(t *testing.T) {
 		if string(got) != want {
 			t.Errorf("deploy/%s differs from the chart's rendering: run `make manifests` (or edit the chart, not the file)", name)
 		}
+	}
+}
+
+// TestREADMEInstallRenders follows the README's install step literally:
+// its helm command is the one `make images` prints (deploy.InstallCommand),
+// and with the printed tag in place of TAG — a tag of digits, as a short
+// commit hash can be, included — its --set flags, parsed as Helm parses
+// them, render images tagged so (issue 39: an all-digit tag failed the
+// schema through --set, and make images printed no tag at all).
+func TestREADMEInstallRenders(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var command []string
+	for _, line := range strings.Split(string(readme), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "helm install tessera") || len(command) > 0 {
+			command = append(command, strings.TrimSuffix(strings.TrimSpace(line), "\\"))
+			if !strings.HasSuffix(line, "\\") {
+				break
+			}
+		}
+	}
+	if len(command) == 0 {
+		t.Fatal("README.md has no helm install command")
+	}
+	readmeCmd := strings.Fields(strings.Join(command, " "))
+	const registry = "registry.example.com/tessera"
+	printed := strings.Fields(strings.ReplaceAll(deploy.InstallCommand(registry, "TAG"), "\\\n", " "))
+	if !slices.Equal(readmeCmd, printed) {
+		t.Fatalf("README's install command\n  %v\nis not what make images prints\n  %v", readmeCmd, printed)
+	}
+	for _, tag := range []string{"1234567", "v0.4.0", "a343419-dirty"} {
+		values := map[string]any{}
+		args := strings.Fields(strings.ReplaceAll(strings.Join(readmeCmd, " "), "TAG", tag))
+		for i, a := range args {
+			switch a {
+			case "--set":
+				err = strvals.ParseInto(args[i+1], values)
+			case "--set-string":
+				err = strvals.ParseIntoString(args[i+1], values)
+			}
+			if err != nil {
+				t.Fatalf("%s %s: %v", a, args[i+1], err)
+			}
+		}
+		r, err := Render(values, Options{})
+		if err != nil {
+			t.Fatalf("tag %s: the README's flags do not render: %v", tag, err)
+		}
+		objs := objects(t, r)
+		for kind, name := range map[string]string{"Deployment": "tessera-scheduler", "DaemonSet": "tessera-agent"} {
+			if img := container(t, find(t, objs, kind, name))["image"]; img != registry+"/"+name+":"+tag {
+				t.Errorf("tag %s: %s image %v", tag, name, img)
+			}
+		}
+	}
+	// Why --set-string: through --set, digits become a number.
+	values := map[string]any{}
+	if err := strvals.ParseInto("image.tag=1234567", values); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Render(values, Options{}); err == nil || !strings.Contains(err.Error(), "/image/tag") {
+		t.Errorf("--set image.tag=1234567 rendered (%v); the README's --set-string is then not needed", err)
 	}
 }

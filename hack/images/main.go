@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/internal/images"
 )
 
@@ -51,5 +52,7 @@ func run(ctx context.Context, out, work, registry string, names []string) error 
 	for _, b := range built {
 		fmt.Printf("%s\t%s\t%s\t%d bytes\n", b.Name, b.Archive, b.Digest, b.Size)
 	}
+	fmt.Printf("\nTag: %s\nPush the archives to %s (crane push, skopeo copy oci-archive:…), then install with:\n%s\n",
+		o.Version, registry, deploy.InstallCommand(strings.TrimSuffix(registry, "/"), o.Version))
 	return nil
 }
