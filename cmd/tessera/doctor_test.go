@@ -1,11 +1,17 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/tessera-gpu/tessera/pkg/playground"
 )
 
 // TestDoctorNodeOnAFixture: `tessera doctor node --root DIR -o json` on a
@@ -72,4 +78,101 @@ func TestDoctorNodeOnAFixture(t *testing.T) {
 	if code, _, errOut := runCLI(t, "doctor", "node", "--root", filepath.Join(root, "nope")); code != exitUsage || !strings.Contains(errOut, "not a directory") {
 		t.Errorf("missing root: exit %d, %s", code, errOut)
 	}
+}
+
+// TestDoctorClusterOnAHealthyPlayground runs `tessera doctor cluster` as an
+// operator would against a healthy playground (issue 39: it exited 2 with
+// "tessera-scheduler was not found", and with --scheduler-metrics failed on
+// the self-signed certificate while still saying "no metrics given"). With
+// the scheduler's metrics and --insecure-metrics it is all ok; without
+// --insecure-metrics it says why the metrics could not be read and what to
+// pass.
+func TestDoctorClusterOnAHealthyPlayground(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a playground; skipped with -short")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := playground.Up(context.Background(), playground.Options{Nodes: 1, GPUsPerNode: 2, Model: "a100", SchedulerReplicas: 1,
+		MPSControl: []string{exe, "mps-control"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Down)
+	args := []string{"doctor", "cluster", "--kubeconfig", c.Kubeconfig, "--metrics", c.Nodes[0].MetricsURL, "--scheduler-metrics", c.SchedulerMetricsURL}
+	var code int
+	var out, errOut string
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		if code, out, errOut = runCLI(t, append(args, "--insecure-metrics")...); code == exitOK || time.Now().After(deadline) {
+			break
+		}
+	}
+	if code != exitOK {
+		t.Fatalf("a healthy playground: exit %d\n%s%s", code, out, errOut)
+	}
+	for _, want := range []string{"tessera-scheduler leads: tessera-scheduler-1", "all 10 admission policies installed and bound"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("healthy report lacks %q:\n%s", want, out)
+		}
+	}
+	code, out, _ = runCLI(t, args...)
+	if code != 1 || !strings.Contains(out, "the scheduler's metrics could not be read") ||
+		!strings.Contains(out, "self-signed certificate by default: pass --insecure-metrics") || strings.Contains(out, "not found") {
+		t.Errorf("without --insecure-metrics: exit %d, want 1 with the advice:\n%s", code, out)
+	}
+}
+
+// TestDoctorRemediesNameRealCommands: every tessera command a doctor
+// remedy tells the operator to run exists (its --help succeeds).
+func TestDoctorRemediesNameRealCommands(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("..", "..", "pkg", "doctor", "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	remedy := regexp.MustCompile(`Remedy:\s*(?:fmt\.Sprintf\()?"([^"]*)"`)
+	command := regexp.MustCompile(`tessera( [a-z][a-z-]*)+`)
+	seen := map[string]bool{}
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range remedy.FindAllStringSubmatch(string(src), -1) {
+			for _, cmd := range command.FindAllString(m[1], -1) {
+				seen[cmd] = true
+			}
+		}
+	}
+	if len(seen) == 0 {
+		t.Fatal("no remedy names a tessera command; the pattern no longer matches the sources")
+	}
+	for cmd := range seen {
+		words := strings.Fields(cmd)[1:]
+		// The command is as many words as the CLI knows; the rest is prose.
+		for len(words) > 0 {
+			if code, _, _ := runCLI(t, append(words, "--help")...); code == exitOK && !isParentHelp(t, words) {
+				break
+			}
+			words = words[:len(words)-1]
+		}
+		if len(words) == 0 {
+			t.Errorf("a remedy names %q, which is no tessera command", cmd)
+		}
+	}
+	t.Logf("remedies name %d tessera commands, all real", len(seen))
+}
+
+// isParentHelp reports whether words name more than a command: cobra
+// answers --help for a command followed by unknown words with the
+// command's own help.
+func isParentHelp(t *testing.T, words []string) bool {
+	t.Helper()
+	root := newRootCmd(io.Discard, io.Discard, new(int))
+	cmd, rest, err := root.Find(words)
+	return err != nil || len(rest) > 0 || cmd == root
 }

@@ -53,7 +53,7 @@ replays the events.`,
 	fs.IntVar(&opts.GPUsPerNode, "gpus-per-node", 4, "GPUs per node (1–8)")
 	fs.IntVar(&opts.MPSNodes, "mps-nodes", 1, "nodes running their GPUs in MPS mode")
 	fs.StringVar(&opts.Model, "gpu-model", "h100", "GPU model of every node: "+strings.Join(playground.Models, ", "))
-	fs.IntVar(&opts.SchedulerReplicas, "scheduler-replicas", 2, "tessera-scheduler replicas electing a leader (1: one scheduler, restarted as a fault)")
+	fs.IntVar(&opts.SchedulerReplicas, "scheduler-replicas", 2, "tessera-scheduler replicas electing a leader (1: one, killed and replaced as a fault)")
 	cmd.RunE = func(*cobra.Command, []string) error {
 		*code = func() int {
 			exe, err := os.Executable()

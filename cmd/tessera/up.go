@@ -54,6 +54,9 @@ func newUpCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 				return exitError
 			}
 			opts.MPSControl = []string{exe, "mps-control"}
+			// One replica holding the shipped leader Lease, as an installed
+			// tessera-scheduler does: tessera doctor cluster finds it there.
+			opts.SchedulerReplicas = 1
 			if err := opts.Validate(); err != nil {
 				fmt.Fprintf(stderr, "tessera up: %v\n", err)
 				return exitUsage

@@ -3,6 +3,7 @@ package doctor
 import (
 	"bufio"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -319,11 +320,18 @@ func checkScheduler(f ClusterFacts, o ClusterOptions) []Finding {
 			out = append(out, pass("scheduler.latency", "", "no scheduling attempts yet", ""))
 		}
 	} else if f.SchedulerErr != nil {
-		out = append(out, Finding{ID: "scheduler.latency", Severity: Warning, Summary: "the scheduler's metrics could not be read", Evidence: f.SchedulerErr.Error()})
+		seen = true // a URL was given: its scheduler is not "not found"
+		remedy := "Check the URL (tessera up prints it; in a cluster, the tessera-scheduler Service on port 10259, path /metrics) and that this machine reaches it."
+		var unknownCA x509.UnknownAuthorityError
+		var invalid x509.CertificateInvalidError
+		if errors.As(f.SchedulerErr, &unknownCA) || errors.As(f.SchedulerErr, &invalid) || strings.Contains(f.SchedulerErr.Error(), "certificate") {
+			remedy = "tessera-scheduler serves its metrics with a self-signed certificate by default: pass --insecure-metrics to read them anyway."
+		}
+		out = append(out, Finding{ID: "scheduler.latency", Severity: Warning, Summary: "the scheduler's metrics could not be read", Evidence: f.SchedulerErr.Error(), Remedy: remedy})
 	}
 	if !seen && running == 0 {
 		out = append(out, Finding{ID: "scheduler.leader", Severity: Error, Summary: "tessera-scheduler was not found: no leader lease, no running pod, no metrics given",
-			Remedy: "Install it (helm install … deploy/chart/tessera) or, for a scheduler outside the cluster, pass --scheduler-metrics URL."})
+			Remedy: "Install it (helm install … deploy/chart/tessera) or, for a scheduler outside the cluster (tessera up runs one in its process), pass --scheduler-metrics URL."})
 	}
 	return out
 }

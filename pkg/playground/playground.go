@@ -75,8 +75,9 @@ type Options struct {
 	// run's load (the soak).
 	FastSliceAdjuster bool
 	// SchedulerReplicas runs that many tessera-schedulers electing a
-	// leader on the shipped Lease, as the chart's replicas do (0 or 1: one
-	// scheduler, no election).
+	// leader on the shipped Lease, as the chart's replicas do, one included
+	// (tessera up's, which tessera doctor finds by its Lease); 0 runs one
+	// scheduler without an election.
 	SchedulerReplicas int
 	// RefusedGrace is how long the agents let a pod refused its GPUs hold
 	// its slots before deleting it (the agent's default when zero).

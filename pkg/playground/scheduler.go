@@ -42,8 +42,9 @@ func schedulerConfig(kubeconfig string) string {
 	return deploy.StandaloneSchedulerConfig() + fmt.Sprintf("clientConnection: {kubeconfig: %q}\n", kubeconfig)
 }
 
-// startScheduler starts the playground's tessera-scheduler: one, or
-// Options.SchedulerReplicas electing a leader. Every scheduler serves its
+// startScheduler starts the playground's tessera-scheduler: one without an
+// election (replicas 0), or Options.SchedulerReplicas electing a leader on
+// the shipped Lease, one of them included. Every scheduler serves its
 // metrics on one port, so SchedulerMetricsURL stays put across restarts and
 // takeovers.
 func (c *Cluster) startScheduler(ctx context.Context, replicas int) error {
@@ -53,7 +54,7 @@ func (c *Cluster) startScheduler(ctx context.Context, replicas int) error {
 	}
 	c.schedPort = ports[0]
 	c.SchedulerMetricsURL = fmt.Sprintf("https://127.0.0.1:%d/metrics", c.schedPort)
-	if replicas <= 1 {
+	if replicas <= 0 {
 		sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		done, err := c.runScheduler(sctx)
 		if err != nil {
