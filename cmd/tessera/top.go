@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	neturl "net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -35,7 +36,8 @@ func newTopCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 		output  = fs.StringP("output", "o", "", "output format: json or yaml (default: a table)")
 		metrics = fs.String("metrics", "", "comma-separated agent metrics URLs (http://node:9401/metrics) for live usage per tenant (default: the tessera-agent pods in tessera-system, through the API server's proxy)")
 		watch   = fs.Duration("watch", 0, "print again at this interval until Ctrl-C")
-		webAddr = fs.String("web", "", "serve a live web view at this address (:8080, 127.0.0.1:0) instead of printing, until Ctrl-C")
+		webAddr = fs.String("web", "", "serve a live web view at this address instead of printing, until Ctrl-C (:8080 is the loopback's; name an address, such as 0.0.0.0:8080, to serve other hosts)")
+		token   = fs.String("web-token", os.Getenv("TESSERA_WEB_TOKEN"), "a token the web view asks of every request (default $TESSERA_WEB_TOKEN); the printed link carries it")
 	)
 	cluster := bindClusterFlags(fs)
 	cmd.RunE = func(*cobra.Command, []string) error {
@@ -69,7 +71,7 @@ func newTopCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 				fmt.Fprintf(stderr, "tessera top: live usage incomplete: %v\n", err)
 			})
 			if *webAddr != "" {
-				url, done, err := serveWeb(ctx, *webAddr, collect)
+				url, done, err := serveWeb(ctx, *webAddr, *token, stderr, collect)
 				if err != nil {
 					fmt.Fprintf(stderr, "tessera top: %v\n", err)
 					return exitUsage
@@ -152,13 +154,26 @@ func collector(client kubernetes.Interface, metricsURLs []string, warn func(erro
 }
 
 // serveWeb serves the web view (pkg/top/web) at addr until ctx ends; done
-// yields the server's end.
-func serveWeb(ctx context.Context, addr string, collect func(context.Context) (*top.Snapshot, error)) (url string, done <-chan error, err error) {
-	ln, err := net.Listen("tcp", addr)
+// yields the server's end. An address without a host (":8080") is the
+// loopback's: the page shows every tenant's pods and usage, so serving it
+// to other hosts is asked for by naming an address, and warned about
+// (on warn) when no token guards it.
+func serveWeb(ctx context.Context, addr, token string, warn io.Writer, collect func(context.Context) (*top.Snapshot, error)) (url string, done <-chan error, err error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("--web %q: want host:port or :port: %w", addr, err)
+	}
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, port))
 	if err != nil {
 		return "", nil, fmt.Errorf("web view: %w", err)
 	}
-	srv := &http.Server{Handler: (&web.Server{Collect: collect}).Handler(), ReadHeaderTimeout: 10 * time.Second}
+	if ip := ln.Addr().(*net.TCPAddr).IP; !ip.IsLoopback() && token == "" {
+		fmt.Fprintf(warn, "warning: the web view on %s shows every tenant's pods and GPU usage to anyone who reaches this machine, without a password; give --web-token (or $TESSERA_WEB_TOKEN), or serve it on 127.0.0.1\n", ln.Addr())
+	}
+	srv := &http.Server{Handler: (&web.Server{Collect: collect, Token: token}).Handler(), ReadHeaderTimeout: 10 * time.Second}
 	out := make(chan error, 1)
 	go func() {
 		err := srv.Serve(ln)
@@ -173,9 +188,13 @@ func serveWeb(ctx context.Context, addr string, collect func(context.Context) (*
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
-	host, port, _ := net.SplitHostPort(ln.Addr().String())
+	host, port, _ = net.SplitHostPort(ln.Addr().String())
 	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
 		host = "localhost"
 	}
-	return "http://" + net.JoinHostPort(host, port) + "/", out, nil
+	url = "http://" + net.JoinHostPort(host, port) + "/"
+	if token != "" {
+		url += "?token=" + neturl.QueryEscape(token)
+	}
+	return url, out, nil
 }

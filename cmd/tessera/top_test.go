@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"strings"
 	"testing"
@@ -97,4 +98,42 @@ func tenants(s top.Snapshot) int {
 		n += len(g.Tenants)
 	}
 	return n
+}
+
+// TestWebViewBindsTheLoopback: --web :PORT serves the loopback only; an
+// address that reaches other hosts is served with a warning unless a token
+// guards it, and the printed link carries the token (issue 39: the README's
+// --web :8080 served every tenant's usage, unauthenticated, on every
+// interface).
+func TestWebViewBindsTheLoopback(t *testing.T) {
+	collect := func(context.Context) (*top.Snapshot, error) { return &top.Snapshot{}, nil }
+	for _, tc := range []struct {
+		addr, token string
+		wantURL     string // prefix
+		warns       bool
+	}{
+		{":0", "", "http://127.0.0.1:", false},
+		{"0.0.0.0:0", "", "http://localhost:", true},
+		{"0.0.0.0:0", "s3cret", "http://localhost:", false},
+	} {
+		ctx, cancel := context.WithCancel(context.Background())
+		var warn strings.Builder
+		url, done, err := serveWeb(ctx, tc.addr, tc.token, &warn, collect)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.addr, err)
+		}
+		if !strings.HasPrefix(url, tc.wantURL) || (tc.token != "") != strings.HasSuffix(url, "/?token="+tc.token) {
+			t.Errorf("--web %s (token %q): link %s", tc.addr, tc.token, url)
+		}
+		if got := strings.Contains(warn.String(), "without a password; give --web-token"); got != tc.warns {
+			t.Errorf("--web %s (token %q): warning %q", tc.addr, tc.token, warn.String())
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("--web %s: %v", tc.addr, err)
+		}
+	}
+	if _, _, err := serveWeb(context.Background(), "8080", "", io.Discard, collect); err == nil || !strings.Contains(err.Error(), `--web "8080": want host:port or :port`) {
+		t.Errorf("--web 8080: %v", err)
+	}
 }

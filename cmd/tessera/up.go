@@ -102,7 +102,7 @@ func newUpCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 			webLine := ""
 			if *webAddr != "" && (!*demo || *keep) {
 				collect := collector(c.Client, metrics, func(error) {})
-				url, _, err := serveWeb(ctx, *webAddr, collect)
+				url, _, err := serveWeb(ctx, *webAddr, os.Getenv("TESSERA_WEB_TOKEN"), stderr, collect)
 				if err != nil {
 					fmt.Fprintf(stderr, "tessera up: %v\n", err)
 					return exitUsage

@@ -127,6 +127,10 @@ func (p *Plugin) applyNode(logger klog.Logger, obj any) {
 	if p.cache.SameInventory(node) {
 		return // a status or label update: nothing of Tessera's changed
 	}
+	// A GPU node's error count is exported from its first inventory on, at
+	// 0, so that a later error is an increase TesseraInventoryErrors sees
+	// (the rule also catches a count born at its first error).
+	errs := inventoryErrors.WithLabelValues(node.Name)
 	inv, err := inventory.FromNode(node)
 	if err == nil {
 		var overfull []string
@@ -140,7 +144,7 @@ func (p *Plugin) applyNode(logger klog.Logger, obj any) {
 			return
 		}
 	}
-	inventoryErrors.WithLabelValues(node.Name).Inc()
+	errs.Inc()
 	p.unreadable.Store(node.Name, err.Error())
 	p.warnOnce(logger, node, "InvalidGPUInventory", err.Error())
 	p.cache.SetBare(node.Name, true)

@@ -172,6 +172,9 @@ var (
 	filterDuration, scoreDuration      metrics.ObserverMetric
 	rejectedNodes                      [allocator.NumCodes]metrics.CounterMetric
 	rejectedNoInventory, rejectedSlots metrics.CounterMetric
+	// PreFilter's refusals of a pod: exported at 0 from the start, so the
+	// first one is an increase (a series born at 1 has none).
+	rejectedInvalid, rejectedTooManyGPUs metrics.CounterMetric
 )
 
 func init() { resolveHotSeries() }
@@ -184,6 +187,8 @@ func resolveHotSeries() {
 	}
 	rejectedNoInventory = unschedulable.WithLabelValues("NoInventory")
 	rejectedSlots = unschedulable.WithLabelValues("InsufficientSlots")
+	rejectedInvalid = unschedulable.WithLabelValues("InvalidRequest")
+	rejectedTooManyGPUs = unschedulable.WithLabelValues("TooManyGPUs")
 }
 
 // timedCycleEvery: Filter and Score, called once per node, record their

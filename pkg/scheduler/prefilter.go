@@ -28,7 +28,7 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	freedAt := p.cache.Freed()
 	req, err := p.request(pod)
 	if err != nil {
-		unschedulable.WithLabelValues("InvalidRequest").Inc()
+		rejectedInvalid.Inc()
 		pending.reasons.set(pod, "InvalidRequest")
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
 	}
@@ -36,7 +36,7 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	// not once per node by Filter, and left waiting by the pod-deletion hint
 	// until a node with more GPUs joins.
 	if most := p.cache.MostGPUs(); most > 0 && req.GPUs() > most {
-		unschedulable.WithLabelValues("TooManyGPUs").Inc()
+		rejectedTooManyGPUs.Inc()
 		pending.reasons.set(pod, "TooManyGPUs")
 		p.waitIfBehind(ctx, pod, nodes, freedAt)
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf(

@@ -82,6 +82,19 @@ func checkMetrics(t *testing.T, nodes map[string]*allocator.Node) {
 			}
 		}
 	}
+	// Counters an alert or panel reads exist at 0 before their first
+	// event, so that event is an increase (issue 39: a series born at 1
+	// has none, and TesseraInventoryErrors could not fire).
+	for name := range nodes {
+		if v := gauge(t, "tessera_scheduler_inventory_errors_total", map[string]string{"node": name}); v < 0 {
+			t.Errorf("node %s: no tessera_scheduler_inventory_errors_total series before any error", name)
+		}
+	}
+	for _, reason := range []string{"InvalidRequest", "TooManyGPUs", "NoInventory", "InsufficientSlots"} {
+		if v := gauge(t, "tessera_scheduler_unschedulable_total", map[string]string{"reason": reason}); v < 0 {
+			t.Errorf("no tessera_scheduler_unschedulable_total{reason=%q} series", reason)
+		}
+	}
 	for _, point := range []string{"PreFilter", "Filter", "Score", "Reserve", "Bind"} {
 		if n := gauge(t, "tessera_scheduler_plugin_duration_seconds", map[string]string{"extension_point": point}); n <= 0 {
 			t.Errorf("no %s latency observed", point)

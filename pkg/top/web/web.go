@@ -8,10 +8,12 @@ package web
 
 import (
 	"context"
+	"crypto/subtle"
 	"embed"
 	"encoding/json"
 	"io/fs"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,6 +32,11 @@ type Server struct {
 	// Every is how old a snapshot may be before a request reads anew, and
 	// how often the page asks; 2 s when zero.
 	Every time.Duration
+	// Token, when set, is asked of every request: as ?token= (the link the
+	// command prints, which also leaves a cookie for the page's own
+	// requests), the cookie, or an Authorization: Bearer header. The page
+	// shows every tenant's pods and usage.
+	Token string
 
 	mu   sync.Mutex
 	last *View
@@ -84,8 +91,38 @@ func (s *Server) view(ctx context.Context) *View {
 	return v
 }
 
-// Handler serves the page at / and its data at /api/snapshot.
+// tokenCookie carries the token for the page's own requests.
+const tokenCookie = "tessera-web-token"
+
+// Handler serves the page at / and its data at /api/snapshot, behind the
+// token when one is set.
 func (s *Server) Handler() http.Handler {
+	h := s.handler()
+	if s.Token == "" {
+		return h
+	}
+	want := []byte(s.Token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		given := r.URL.Query().Get("token")
+		fromQuery := given != ""
+		if c, err := r.Cookie(tokenCookie); !fromQuery && err == nil {
+			given = c.Value
+		}
+		if b, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); given == "" && ok {
+			given = b
+		}
+		if subtle.ConstantTimeCompare([]byte(given), want) != 1 {
+			http.Error(w, "tessera top --web: this view needs its token: open the link the command printed (…/?token=…)", http.StatusUnauthorized)
+			return
+		}
+		if fromQuery {
+			http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: given, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) handler() http.Handler {
 	mux := http.NewServeMux()
 	static, _ := fs.Sub(assets, "assets")
 	mux.Handle("GET /", http.FileServerFS(static))

@@ -72,3 +72,45 @@ func TestServerCachesAndSaysWhenStale(t *testing.T) {
 		}
 	}
 }
+
+// TestToken: with a token, every request without it is refused (401, with
+// what to do); the printed link's ?token= opens the page and leaves a
+// cookie for its own requests; a Bearer header works for scripts.
+func TestToken(t *testing.T) {
+	s := &Server{Token: "s3cret", Collect: func(context.Context) (*top.Snapshot, error) { return &top.Snapshot{}, nil }}
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	do := func(path string, edit func(*http.Request)) (*http.Response, string) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if edit != nil {
+			edit(req)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+	for _, path := range []string{"/", "/api/snapshot", "/?token=wrong"} {
+		if resp, body := do(path, nil); resp.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "open the link the command printed") {
+			t.Errorf("GET %s without the token: %d %q", path, resp.StatusCode, body)
+		}
+	}
+	resp, _ := do("/?token=s3cret", nil)
+	if resp.StatusCode != http.StatusOK || len(resp.Cookies()) != 1 || !resp.Cookies()[0].HttpOnly {
+		t.Fatalf("the printed link: %d, cookies %v", resp.StatusCode, resp.Cookies())
+	}
+	cookie := resp.Cookies()[0]
+	if resp, body := do("/api/snapshot", func(r *http.Request) { r.AddCookie(cookie) }); resp.StatusCode != http.StatusOK || !strings.Contains(body, `"taken"`) {
+		t.Errorf("the page's own request with the cookie: %d %q", resp.StatusCode, body)
+	}
+	if resp, _ := do("/api/snapshot", func(r *http.Request) { r.Header.Set("Authorization", "Bearer s3cret") }); resp.StatusCode != http.StatusOK {
+		t.Errorf("Bearer: %d", resp.StatusCode)
+	}
+}
