@@ -512,6 +512,19 @@ func Render(w io.Writer, s *Snapshot) error {
 			return err
 		}
 	}
+	noUsage := 0
+	for _, g := range s.GPUs {
+		for _, t := range g.Tenants {
+			if !t.Live {
+				noUsage++
+			}
+		}
+	}
+	if noUsage > 0 {
+		if _, err := fmt.Fprintf(w, "%d tenant(s) without live usage (USED MiB, SM: -): no agent reported them; give the agents' metrics with --metrics, or check that the tessera-agent pods run and the API server's proxy reaches them\n", noUsage); err != nil {
+			return err
+		}
+	}
 	for _, h := range s.Held {
 		if _, err := fmt.Fprintln(w, h); err != nil {
 			return err

@@ -185,6 +185,8 @@ func TestRenderTellsTheTruth(t *testing.T) {
 		"61440  30%    none/none",
 		"node-3: GPU inventory (tessera.dev/inventory) unreadable: ",
 		"ns/rogue holds 2 GPU slot(s) of node-2 without a Tessera assignment",
+		// Usage shown as - says why (issue 39).
+		"3 tenant(s) without live usage (USED MiB, SM: -): no agent reported them; give the agents' metrics with --metrics",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("table lacks %q:\n%s", want, text)
