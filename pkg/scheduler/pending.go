@@ -3,6 +3,7 @@ package scheduler
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -116,26 +117,43 @@ func (p *pendingReasons) placed(uid types.UID) {
 	delete(p.byPod, uid)
 }
 
+// pendingCount is how many pods wait for one reason, and since when the
+// oldest of them exists.
+type pendingCount struct {
+	pods   int
+	oldest time.Time
+}
+
 // counts prunes the pods that are gone, bound or finished and counts the
 // rest by reason.
-func (p *pendingReasons) counts(pods corelisters.PodLister) map[string]int {
+func (p *pendingReasons) counts(pods corelisters.PodLister) map[string]pendingCount {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := map[string]int{}
+	out := map[string]pendingCount{}
 	for uid, pp := range p.byPod {
 		pod, err := pods.Pods(pp.namespace).Get(pp.name)
 		if err != nil || pod.UID != uid || pod.Spec.NodeName != "" || podgpu.Finished(pod) {
 			delete(p.byPod, uid)
 			continue
 		}
-		out[pp.reason]++
+		c := out[pp.reason]
+		c.pods++
+		if created := pod.CreationTimestamp.Time; c.oldest.IsZero() || created.Before(c.oldest) {
+			c.oldest = created
+		}
+		out[pp.reason] = c
 	}
 	return out
 }
 
-var pendingDesc = metrics.NewDesc("tessera_scheduler_pending_gpu_pods",
-	"GPU pods whose last scheduling attempt found no node, by the reason most nodes gave (the allocator's reason codes; InsufficientSlots, NoInventory, Other), or why the pod was refused before any node was tried (InvalidRequest, TooManyGPUs).",
-	[]string{"reason"}, nil, metrics.ALPHA, "")
+var (
+	pendingDesc = metrics.NewDesc("tessera_scheduler_pending_gpu_pods",
+		"GPU pods whose last scheduling attempt found no node, by the reason most nodes gave (the allocator's reason codes; InsufficientSlots, NoInventory, Other), or why the pod was refused before any node was tried (InvalidRequest, TooManyGPUs).",
+		[]string{"reason"}, nil, metrics.ALPHA, "")
+	pendingAgeDesc = metrics.NewDesc("tessera_scheduler_pending_gpu_pod_age_seconds",
+		"Age of the oldest GPU pod that waits for a slice, by the reason its last attempt found no node (as tessera_scheduler_pending_gpu_pods).",
+		[]string{"reason"}, nil, metrics.ALPHA, "")
+)
 
 // pendingCollector exports pendingReasons at each scrape. One scheduler
 // process has one (its profiles share the registry); the newest plugin's
@@ -156,7 +174,10 @@ func (c *pendingCollector) setPods(pods corelisters.PodLister) {
 	c.pods = pods
 }
 
-func (c *pendingCollector) DescribeWithStability(ch chan<- *metrics.Desc) { ch <- pendingDesc }
+func (c *pendingCollector) DescribeWithStability(ch chan<- *metrics.Desc) {
+	ch <- pendingDesc
+	ch <- pendingAgeDesc
+}
 
 func (c *pendingCollector) CollectWithStability(ch chan<- metrics.Metric) {
 	c.mu.Lock()
@@ -165,7 +186,9 @@ func (c *pendingCollector) CollectWithStability(ch chan<- metrics.Metric) {
 	if pods == nil {
 		return
 	}
+	now := time.Now()
 	for reason, n := range c.reasons.counts(pods) {
-		ch <- metrics.NewLazyConstMetric(pendingDesc, metrics.GaugeValue, float64(n), reason)
+		ch <- metrics.NewLazyConstMetric(pendingDesc, metrics.GaugeValue, float64(n.pods), reason)
+		ch <- metrics.NewLazyConstMetric(pendingAgeDesc, metrics.GaugeValue, now.Sub(n.oldest).Seconds(), reason)
 	}
 }

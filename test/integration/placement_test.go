@@ -198,6 +198,15 @@ func TestDeletionLetsWaitingPodIn(t *testing.T) {
 	if n := gauge(t, "tessera_scheduler_pending_gpu_pods", map[string]string{"reason": "NotEnoughWholeGPUs"}); n != 1 {
 		t.Errorf("tessera_scheduler_pending_gpu_pods{reason=NotEnoughWholeGPUs} = %v, want 1", n)
 	}
+	// And for how long (TesseraGPUPodsPendingLong reads it): the pod's age.
+	second, err := c.client.CoreV1().Pods(ns).Get(c.ctx, "second", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	age := gauge(t, "tessera_scheduler_pending_gpu_pod_age_seconds", map[string]string{"reason": "NotEnoughWholeGPUs"})
+	if bound := time.Since(second.CreationTimestamp.Time).Seconds() + 1; age < 0 || age > bound {
+		t.Errorf("tessera_scheduler_pending_gpu_pod_age_seconds{reason=NotEnoughWholeGPUs} = %v, want the pod's age, at most %.1f s", age, bound)
+	}
 	start := time.Now()
 	if err := c.client.CoreV1().Pods(ns).Delete(c.ctx, "first", zeroGrace); err != nil {
 		t.Fatal(err)
