@@ -142,6 +142,8 @@ type Agent struct {
 	MPS     *mps.Manager
 	Sampler *metrics.Sampler
 	reg     *prometheus.Registry
+	// m are this agent's event series (agentmetrics.go), registered on reg.
+	m *agentMetrics
 	// collectors are what reg holds, for MetricDescs.
 	collectors []prometheus.Collector
 
@@ -202,7 +204,7 @@ type Agent struct {
 // nvml.ErrNoDriver, unless AllowNoGPU asks for an empty node.
 func New(opts Options) (*Agent, error) {
 	cfg := opts.Config
-	a := &Agent{opts: opts, health: health.New(cfg.Health.IgnoredXids, cfg.Health.QuietPeriod.Duration), reg: prometheus.NewRegistry(),
+	a := &Agent{opts: opts, health: health.New(cfg.Health.IgnoredXids, cfg.Health.QuietPeriod.Duration), reg: prometheus.NewRegistry(), m: newAgentMetrics(),
 		victims: map[types.UID]*victim{}}
 	adj, err := adjuster.New(cfg.Fragments)
 	if err != nil {
@@ -238,7 +240,7 @@ func New(opts Options) (*Agent, error) {
 		}
 		a.MPS = mps.New(mps.Config{Binary: opts.MPSBinary, Root: opts.MPSRoot, GPUs: gs, PrepareGPU: a.exclusiveProcess,
 			OnRestart: func(uuid string, cause error) {
-				mpsRestarts.WithLabelValues(a.seriesLabels(uuid)...).Inc()
+				a.m.mpsRestarts.WithLabelValues(a.seriesLabels(uuid)...).Inc()
 				note := cause.Error()
 				// Who did it, as far as the agent can tell: the pods that
 				// had this GPU's pipe directory.
@@ -303,7 +305,7 @@ func New(opts Options) (*Agent, error) {
 	a.register(isolationCollector{a}, modeCollector{a}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tessera_agent_build_info", Help: "1, with the agent's version and revision.",
 			ConstLabels: prometheus.Labels{"node": opts.Node, "version": version.Version, "revision": version.Rev()}}, func() float64 { return 1 }))
-	a.register(mpsRestarts, mpsLimitChanges, sliceChanges, reclaims, reclaimKilled, reclaimDuration, timeSliceClass, timeSliceFailures, assignmentChanges, refusedSlots)
+	a.register(a.m.collectors()...)
 	return a, nil
 }
 
@@ -315,15 +317,6 @@ const mpsCheckEvery = 3 * time.Second
 // isolationReconcileEvery is how often kernel memory limits and MPS server
 // limits follow the GPUs' tenants.
 const isolationReconcileEvery = 10 * time.Second
-
-var mpsRestarts = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Name: "tessera_mps_daemon_restarts_total", Help: "MPS control daemons found dead and restarted, per GPU.",
-}, gpu.SeriesLabels)
-
-var mpsLimitChanges = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Name: "tessera_mps_limit_changes_total",
-	Help: "MPS limits found changed behind the agent (through the control endpoint its clients reach) and restored, per GPU.",
-}, gpu.SeriesLabels)
 
 // seriesLabels are the label values of a per-GPU series of this node's GPU
 // uuid (gpu.SeriesLabels), then extra. A GPU the agent has not read (it
@@ -343,21 +336,21 @@ func (a *Agent) seriesLabels(uuid string, extra ...string) []string {
 func (a *Agent) zeroCounters() {
 	node := a.opts.Node
 	for _, r := range []string{"clean", "killed", "stuck"} {
-		reclaims.WithLabelValues(node, r)
+		a.m.reclaims.WithLabelValues(node, r)
 	}
-	reclaimKilled.WithLabelValues(node)
-	assignmentChanges.WithLabelValues(node)
+	a.m.reclaimKilled.WithLabelValues(node)
+	a.m.assignmentChanges.WithLabelValues(node)
 	for _, d := range a.devices {
 		if a.MPS != nil {
-			mpsRestarts.WithLabelValues(a.seriesLabels(d.UUID)...)
-			mpsLimitChanges.WithLabelValues(a.seriesLabels(d.UUID)...)
+			a.m.mpsRestarts.WithLabelValues(a.seriesLabels(d.UUID)...)
+			a.m.mpsLimitChanges.WithLabelValues(a.seriesLabels(d.UUID)...)
 		}
 		for _, dir := range []string{"up", "down"} {
-			sliceChanges.WithLabelValues(a.seriesLabels(d.UUID, dir)...)
+			a.m.sliceChanges.WithLabelValues(a.seriesLabels(d.UUID, dir)...)
 		}
 	}
 	for _, uuid := range a.timeShared() {
-		timeSliceFailures.WithLabelValues(a.seriesLabels(uuid)...)
+		a.m.timeSliceFailures.WithLabelValues(a.seriesLabels(uuid)...)
 	}
 }
 
@@ -635,7 +628,7 @@ func (a *Agent) Adjust(ctx context.Context, util map[string]float64, now time.Ti
 		if dec.To > dec.From {
 			dir = "up"
 		}
-		sliceChanges.WithLabelValues(a.seriesLabels(dec.GPU, dir)...).Inc()
+		a.m.sliceChanges.WithLabelValues(a.seriesLabels(dec.GPU, dir)...).Inc()
 		logger.Info("GPU slice count changed", "gpu", dec.GPU, "from", dec.From, "to", dec.To, "forecast", dec.Forecast, "reason", dec.Reason)
 		a.event(ctx, now, v1.EventTypeNormal, string(dec.Reason), "AdjustSlices",
 			fmt.Sprintf("GPU %s: %d → %d slices (forecast utilization %.0f%%)", dec.GPU, dec.From, dec.To, 100*dec.Forecast))
@@ -651,10 +644,6 @@ func (a *Agent) event(ctx context.Context, now time.Time, kind, reason, action, 
 	a.eventOn(ctx, now, v1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: a.opts.Node}, kind, reason, action, note)
 }
 
-var assignmentChanges = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Name: "tessera_agent_assignment_changes_total", Help: "Changes of a bound pod's tessera.dev/assignment, each ignored: the first assignment counts.",
-}, []string{"node"})
-
 // reportAssignmentChanges reports each ignored change of a bound pod's
 // assignment: a log line, a Warning event on the pod, and the counter.
 func (a *Agent) reportAssignmentChanges(ctx context.Context) {
@@ -663,7 +652,7 @@ func (a *Agent) reportAssignmentChanges(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case ch := <-a.opts.AssignmentChanges:
-			assignmentChanges.WithLabelValues(a.opts.Node).Inc()
+			a.m.assignmentChanges.WithLabelValues(a.opts.Node).Inc()
 			now := "removed"
 			if ch.Now != "" {
 				now = "changed"
@@ -676,10 +665,6 @@ func (a *Agent) reportAssignmentChanges(ctx context.Context) {
 		}
 	}
 }
-
-var sliceChanges = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Name: "tessera_gpu_slice_changes_total", Help: "Changes of a GPU's slice count by the forecast-driven adjuster, by direction.",
-}, append(append([]string{}, gpu.SeriesLabels...), "direction"))
 
 // Observe feeds an NVML event to the fault handling and republishes.
 func (a *Agent) Observe(ctx context.Context, ev nvml.Event, now time.Time) {

@@ -253,7 +253,7 @@ func TestTimeSharedGPUsGetTheirClass(t *testing.T) {
 	if c := class(uuid0); c != timeslice.Long {
 		t.Fatalf("after the inference tenant left: GPU 0 %v", c)
 	}
-	if v := testutil.ToFloat64(timeSliceClass.WithLabelValues(a.seriesLabels(uuid0)...)); v != float64(timeslice.Long) {
+	if v := testutil.ToFloat64(a.m.timeSliceClass.WithLabelValues(a.seriesLabels(uuid0)...)); v != float64(timeslice.Long) {
 		t.Fatalf("tessera_gpu_timeslice_class = %v", v)
 	}
 
@@ -270,7 +270,7 @@ func TestTimeSharedGPUsGetTheirClass(t *testing.T) {
 	if fail.calls != 8 {
 		t.Fatalf("%d nvidia-smi runs for 8 GPUs in 30 s", fail.calls)
 	}
-	if v := testutil.ToFloat64(timeSliceFailures.WithLabelValues(b.seriesLabels(uuid1)...)); v < 1 {
+	if v := testutil.ToFloat64(b.m.timeSliceFailures.WithLabelValues(b.seriesLabels(uuid1)...)); v < 1 {
 		t.Fatalf("tessera_gpu_timeslice_failures_total = %v", v)
 	}
 	evs, err := client.EventsV1().Events("default").List(ctx, metav1.ListOptions{})
@@ -364,7 +364,7 @@ func TestRefusedPodsAreDeletedAfterTheGrace(t *testing.T) {
 		return false, nil, nil
 	})
 	// The informer's list lags: it still has late's first pod at the end.
-	a := &Agent{opts: Options{Node: "n8", Client: client, RefusedGrace: time.Minute, Now: func() time.Time { return now },
+	a := &Agent{m: newAgentMetrics(), opts: Options{Node: "n8", Client: client, RefusedGrace: time.Minute, Now: func() time.Time { return now },
 		NodePods: func() []*v1.Pod { return []*v1.Pod{hoarder, late} }}}
 	refusal := errors.New("pod lab/hoarder names spec.schedulerName \"default-scheduler\"")
 	a.preStarted(hoarder, "main", 31, refusal)
@@ -382,7 +382,7 @@ func TestRefusedPodsAreDeletedAfterTheGrace(t *testing.T) {
 	if _, err := client.CoreV1().Pods("lab").Get(context.Background(), "late", metav1.GetOptions{}); err != nil {
 		t.Fatalf("late deleted before its grace: %v", err)
 	}
-	if got := testutil.ToFloat64(refusedSlots.WithLabelValues("n8")); got != 1 {
+	if got := testutil.ToFloat64(a.m.refusedSlots.WithLabelValues("n8")); got != 1 {
 		t.Errorf("tessera_agent_refused_slots = %v after the hoarder left, want 1", got)
 	}
 	// A new pod of the late one's name (its UID another) is not touched.
@@ -422,7 +422,7 @@ func TestRefusedPodsAreDeletedAfterTheGrace(t *testing.T) {
 // (issue 15); another note is another event.
 func TestRepeatedEventsAggregate(t *testing.T) {
 	client := newNode()
-	a := &Agent{opts: Options{Node: "n1", Client: client}}
+	a := &Agent{m: newAgentMetrics(), opts: Options{Node: "n1", Client: client}}
 	ctx, t0 := context.Background(), time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
 	for i := range 3 {
 		a.event(ctx, t0.Add(time.Duration(i)*time.Minute), v1.EventTypeWarning, "TimeSliceNotSet", "SetTimeSlice", "nvidia-smi failed: exit 9")
@@ -457,14 +457,14 @@ func TestRepeatedEventsAggregate(t *testing.T) {
 func TestRefusedPodsAreReported(t *testing.T) {
 	client := newNode()
 	var onNode []*v1.Pod
-	a := &Agent{opts: Options{Node: "n9", Client: client, NodePods: func() []*v1.Pod { return onNode }}}
+	a := &Agent{m: newAgentMetrics(), opts: Options{Node: "n9", Client: client, NodePods: func() []*v1.Pod { return onNode }}}
 	rogue := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "rogue", UID: "r1"}}
 	flaky := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "flaky", UID: "f1"}}
 	onNode = []*v1.Pod{rogue, flaky}
 	refusal := errors.New(strings.Repeat("no Tessera GPU assignment covers this container ", 40))
 	a.preStarted(rogue, "main", 2, refusal)
 	a.preStarted(flaky, "main", 1, refusal)
-	held := func() float64 { return testutil.ToFloat64(refusedSlots.WithLabelValues("n9")) }
+	held := func() float64 { return testutil.ToFloat64(a.m.refusedSlots.WithLabelValues("n9")) }
 	if got := held(); got != 3 {
 		t.Fatalf("tessera_agent_refused_slots = %v, want 3", got)
 	}
@@ -495,5 +495,49 @@ func TestRefusedPodsAreReported(t *testing.T) {
 	}
 	if n := reasons["GPUSlotsHeld/n9"]; !strings.Contains(n, "pod lab/rogue holds 2 GPU slot(s)") {
 		t.Errorf("node event %q (events %v)", n, reasons)
+	}
+}
+
+// TestEachAgentExportsItsOwnNode: two agents in one process (as the
+// playground runs them) each export only their own node's series, so one
+// node's event is counted, and alerted on, once (issue 39: every agent
+// re-exported every node's event counters, and one MPS restart fired
+// TesseraMPSDaemonRestarts four times).
+func TestEachAgentExportsItsOwnNode(t *testing.T) {
+	agents := map[string]*Agent{}
+	for _, node := range []string{"n1", "n2"} {
+		srv := dgxh100.New()
+		nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{} })
+		a, err := New(Options{Node: node, Config: config.Default(), Client: newNode(), NVML: srv})
+		if err != nil {
+			t.Fatal(err)
+		}
+		agents[node] = a
+	}
+	agents["n1"].m.assignmentChanges.WithLabelValues("n1").Inc()
+	for node, a := range agents {
+		families, err := a.reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := 0
+		for _, f := range families {
+			for _, m := range f.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "node" && l.GetValue() != node {
+						t.Errorf("agent of %s exports %s{node=%q}", node, f.GetName(), l.GetValue())
+					}
+				}
+				if f.GetName() == "tessera_agent_assignment_changes_total" {
+					seen++
+					if want := map[string]float64{"n1": 1, "n2": 0}[node]; m.GetCounter().GetValue() != want {
+						t.Errorf("agent of %s: assignment changes %v, want %v", node, m.GetCounter().GetValue(), want)
+					}
+				}
+			}
+		}
+		if seen != 1 {
+			t.Errorf("agent of %s exports %d assignment-change series, want its own one", node, seen)
+		}
 	}
 }

@@ -220,7 +220,7 @@ func (a *Agent) mpsTampered(uuid string, drift []mps.Drift) {
 	}
 	clients := a.mpsClients(uuid)
 	klog.Background().Info("MPS limits changed behind the agent; restoring them", "gpu", uuid, "changes", what, "clients", clients)
-	mpsLimitChanges.WithLabelValues(a.seriesLabels(uuid)...).Inc()
+	a.m.mpsLimitChanges.WithLabelValues(a.seriesLabels(uuid)...).Inc()
 	note := fmt.Sprintf("MPS limits of GPU %s changed by someone other than this node's tessera-agent (%s); restored", uuid, strings.Join(what, "; "))
 	if len(clients) > 0 {
 		note += "; the GPU's MPS clients then: " + strings.Join(clients, ", ")

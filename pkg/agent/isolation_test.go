@@ -374,7 +374,9 @@ func TestMPSGuaranteesFollowConnectTime(t *testing.T) {
 			}
 		}
 	}
-	changes := func() float64 { return testutil.ToFloat64(mpsLimitChanges.WithLabelValues(a.seriesLabels(uuid)...)) }
+	changes := func() float64 {
+		return testutil.ToFloat64(a.m.mpsLimitChanges.WithLabelValues(a.seriesLabels(uuid)...))
+	}
 	before := changes()
 	tamper()
 	a.MPS.Check(ctx)

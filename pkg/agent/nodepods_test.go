@@ -77,10 +77,10 @@ func TestFirstAssignmentCounts(t *testing.T) {
 	}
 
 	// The agent reports each change: an event on the pod and the counter.
-	a := &Agent{opts: Options{Node: "n1", Client: client, AssignmentChanges: np.Changes}}
+	a := &Agent{m: newAgentMetrics(), opts: Options{Node: "n1", Client: client, AssignmentChanges: np.Changes}}
 	changes := make(chan AssignmentChange, 1)
 	a.opts.AssignmentChanges = changes
-	before := testutil.ToFloat64(assignmentChanges.WithLabelValues("n1"))
+	before := testutil.ToFloat64(a.m.assignmentChanges.WithLabelValues("n1"))
 	go a.reportAssignmentChanges(ctx)
 	changes <- AssignmentChange{Pod: pod, First: first, Now: moved}
 	err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 5*time.Second, true, func(ctx context.Context) (bool, error) {
@@ -94,7 +94,7 @@ func TestFirstAssignmentCounts(t *testing.T) {
 	if err != nil {
 		t.Fatal("no GPUAssignmentChanged event on the pod")
 	}
-	if got := testutil.ToFloat64(assignmentChanges.WithLabelValues("n1")) - before; got != 1 {
+	if got := testutil.ToFloat64(a.m.assignmentChanges.WithLabelValues("n1")) - before; got != 1 {
 		t.Errorf("tessera_agent_assignment_changes_total rose by %v, want 1", got)
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -301,7 +300,7 @@ func (a *Agent) reclaimVictim(ctx context.Context, uid types.UID) {
 		}
 		if killed > 0 {
 			result = "killed"
-			reclaimKilled.WithLabelValues(a.opts.Node).Add(float64(killed))
+			a.m.reclaimKilled.WithLabelValues(a.opts.Node).Add(float64(killed))
 			logger.Info("Killed a preempted pod's leftover GPU processes", "killed", res.Killed)
 		}
 		switch {
@@ -334,16 +333,16 @@ func (a *Agent) reclaimVictim(ctx context.Context, uid types.UID) {
 		if wasStuck {
 			return
 		}
-		reclaims.WithLabelValues(a.opts.Node, result).Inc()
-		reclaimDuration.WithLabelValues(a.opts.Node).Observe(time.Since(start).Seconds())
+		a.m.reclaims.WithLabelValues(a.opts.Node, result).Inc()
+		a.m.reclaimDuration.WithLabelValues(a.opts.Node).Observe(time.Since(start).Seconds())
 		if err := a.Refresh(ctx, time.Now()); err != nil {
 			logger.Error(err, "Publishing the GPU's fault failed; retrying at the next pass")
 		}
 		return
 	}
 	if !wasStuck {
-		reclaims.WithLabelValues(a.opts.Node, result).Inc()
-		reclaimDuration.WithLabelValues(a.opts.Node).Observe(time.Since(start).Seconds())
+		a.m.reclaims.WithLabelValues(a.opts.Node, result).Inc()
+		a.m.reclaimDuration.WithLabelValues(a.opts.Node).Observe(time.Since(start).Seconds())
 	}
 	a.preemptMu.Lock()
 	delete(a.victims, uid)
@@ -369,19 +368,3 @@ func (a *Agent) reclaimedList() []string {
 	defer a.preemptMu.Unlock()
 	return slices.Clone(a.reclaimed)
 }
-
-var (
-	reclaims = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "tessera_reclaim_total",
-		Help: "Preempted pods whose GPUs the agent checked, by result: clean (no process left), killed (leftovers killed), stuck (a leftover survived; its GPU was taken out of service).",
-	}, []string{"node", "result"})
-	reclaimKilled = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "tessera_reclaim_killed_processes_total",
-		Help: "Leftover GPU processes of preempted pods killed by the agent.",
-	}, []string{"node"})
-	reclaimDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "tessera_reclaim_duration_seconds",
-		Help:    "Time the reclaim of a preempted pod that left took: the check of its GPUs' processes, kills and the wait for them included.",
-		Buckets: prometheus.ExponentialBuckets(0.001, 4, 9),
-	}, []string{"node"})
-)

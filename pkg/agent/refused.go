@@ -6,19 +6,12 @@ import (
 	"sort"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 )
-
-// refusedSlots is the metric of slots held by refused pods.
-var refusedSlots = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-	Name: "tessera_agent_refused_slots",
-	Help: "Device-plugin slots held by pods whose GPUs the agent refused: kubelet gives them to no other pod until those pods are deleted.",
-}, []string{"node"})
 
 // DefaultRefusedGrace is how long a pod refused its GPUs may hold its
 // slots before the agent deletes it (Options.RefusedGrace): long enough
@@ -81,7 +74,7 @@ func (a *Agent) preStarted(pod *v1.Pod, container string, slots int, err error) 
 	}
 	total := a.refusedTotalLocked()
 	a.refusedMu.Unlock()
-	refusedSlots.WithLabelValues(a.opts.Node).Set(float64(total))
+	a.m.refusedSlots.WithLabelValues(a.opts.Node).Set(float64(total))
 	if err == nil {
 		return
 	}
@@ -148,7 +141,7 @@ func (a *Agent) releaseRefused(ctx context.Context, uid types.UID, r refusedPod)
 		delete(a.refused, uid)
 		total := a.refusedTotalLocked()
 		a.refusedMu.Unlock()
-		refusedSlots.WithLabelValues(a.opts.Node).Set(float64(total))
+		a.m.refusedSlots.WithLabelValues(a.opts.Node).Set(float64(total))
 	}
 	err := a.opts.Client.CoreV1().Pods(r.namespace).Delete(ctx, r.name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
 	switch {
@@ -186,5 +179,5 @@ func (a *Agent) forgetDeparted(ctx context.Context) {
 	}
 	total := a.refusedTotalLocked()
 	a.refusedMu.Unlock()
-	refusedSlots.WithLabelValues(a.opts.Node).Set(float64(total))
+	a.m.refusedSlots.WithLabelValues(a.opts.Node).Set(float64(total))
 }

@@ -6,27 +6,15 @@ import (
 	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
-	"github.com/tessera-gpu/tessera/pkg/gpu"
 )
 
 // timeSliceRetry is how long a GPU whose class could not be set waits
 // before the agent runs nvidia-smi for it again.
 const timeSliceRetry = time.Minute
-
-var (
-	timeSliceClass = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "tessera_gpu_timeslice_class",
-		Help: "The driver time-slice class the agent applied to a time-shared GPU (nvidia-smi compute-policy: 1 short, 2 medium, 3 long). Absent until applied.",
-	}, gpu.SeriesLabels)
-	timeSliceFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "tessera_gpu_timeslice_failures_total", Help: "Attempts to set a GPU's time-slice class that failed.",
-	}, gpu.SeriesLabels)
-)
 
 // timeShared is the GPUs this agent time-slices: every GPU of a node not in
 // MPS mode, but for MIG-partitioned ones, which Tessera does not slice.
@@ -102,7 +90,7 @@ func (a *Agent) applyTimeSlices(ctx context.Context, now time.Time) {
 	var firstErr error
 	for _, ch := range a.timeSlices.Apply(ctx, gpus, a.wantedTimeSlices(gpus), now) {
 		if ch.Err != nil {
-			timeSliceFailures.WithLabelValues(a.seriesLabels(ch.GPU)...).Inc()
+			a.m.timeSliceFailures.WithLabelValues(a.seriesLabels(ch.GPU)...).Inc()
 			logger.Error(ch.Err, "Setting the GPU's time-slice class failed; retrying later", "gpu", ch.GPU, "class", ch.To, "retryAfter", timeSliceRetry)
 			failed = append(failed, ch.GPU)
 			if firstErr == nil {
@@ -110,7 +98,7 @@ func (a *Agent) applyTimeSlices(ctx context.Context, now time.Time) {
 			}
 			continue
 		}
-		timeSliceClass.WithLabelValues(a.seriesLabels(ch.GPU)...).Set(float64(ch.To))
+		a.m.timeSliceClass.WithLabelValues(a.seriesLabels(ch.GPU)...).Set(float64(ch.To))
 		if ch.First {
 			logger.Info("Set the GPU's time-slice class", "gpu", ch.GPU, "class", ch.To)
 		} else {

@@ -1,0 +1,68 @@
+package agent
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+)
+
+// agentMetrics are the agent's own event series, one set per Agent and
+// registered on its registry only: the playground runs several agents in
+// one process, and each node's series must come from its own agent's
+// endpoint (a set shared by the process made every agent export every
+// node's events, and one MPS restart fire its alert once per agent).
+type agentMetrics struct {
+	mpsRestarts, mpsLimitChanges    *prometheus.CounterVec
+	assignmentChanges, sliceChanges *prometheus.CounterVec
+	reclaims, reclaimKilled         *prometheus.CounterVec
+	reclaimDuration                 *prometheus.HistogramVec
+	refusedSlots, timeSliceClass    *prometheus.GaugeVec
+	timeSliceFailures               *prometheus.CounterVec
+}
+
+func newAgentMetrics() *agentMetrics {
+	return &agentMetrics{
+		mpsRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tessera_mps_daemon_restarts_total", Help: "MPS control daemons found dead and restarted, per GPU.",
+		}, gpu.SeriesLabels),
+		mpsLimitChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tessera_mps_limit_changes_total",
+			Help: "MPS limits found changed behind the agent (through the control endpoint its clients reach) and restored, per GPU.",
+		}, gpu.SeriesLabels),
+		assignmentChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tessera_agent_assignment_changes_total", Help: "Changes of a bound pod's tessera.dev/assignment, each ignored: the first assignment counts.",
+		}, []string{"node"}),
+		sliceChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tessera_gpu_slice_changes_total", Help: "Changes of a GPU's slice count by the forecast-driven adjuster, by direction.",
+		}, append(append([]string{}, gpu.SeriesLabels...), "direction")),
+		reclaims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tessera_reclaim_total",
+			Help: "Preempted pods whose GPUs the agent checked, by result: clean (no process left), killed (leftovers killed), stuck (a leftover survived; its GPU was taken out of service).",
+		}, []string{"node", "result"}),
+		reclaimKilled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tessera_reclaim_killed_processes_total",
+			Help: "Leftover GPU processes of preempted pods killed by the agent.",
+		}, []string{"node"}),
+		reclaimDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "tessera_reclaim_duration_seconds",
+			Help:    "Time the reclaim of a preempted pod that left took: the check of its GPUs' processes, kills and the wait for them included.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 9),
+		}, []string{"node"}),
+		refusedSlots: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tessera_agent_refused_slots",
+			Help: "Device-plugin slots held by pods whose GPUs the agent refused: kubelet gives them to no other pod until those pods are deleted.",
+		}, []string{"node"}),
+		timeSliceClass: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tessera_gpu_timeslice_class",
+			Help: "The driver time-slice class the agent applied to a time-shared GPU (nvidia-smi compute-policy: 1 short, 2 medium, 3 long). Absent until applied.",
+		}, gpu.SeriesLabels),
+		timeSliceFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tessera_gpu_timeslice_failures_total", Help: "Attempts to set a GPU's time-slice class that failed.",
+		}, gpu.SeriesLabels),
+	}
+}
+
+func (m *agentMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.mpsRestarts, m.mpsLimitChanges, m.sliceChanges, m.reclaims, m.reclaimKilled, m.reclaimDuration,
+		m.timeSliceClass, m.timeSliceFailures, m.assignmentChanges, m.refusedSlots}
+}
