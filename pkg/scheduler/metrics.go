@@ -216,13 +216,13 @@ func recordNode(name string, n *allocator.Node) {
 }
 
 // recordFragmentation sets a node's free and fragmented GPU compute against
-// the allocator's target workload (none before the first GPU pod: then only
-// the free compute is known).
+// the allocator's target workload. Before the first GPU pod there is no
+// workload, and no pod that free compute is wasted on: 0, so an idle
+// cluster's panel reads 0 rather than nothing.
 func recordFragmentation(name string, n *allocator.Node, a *allocator.Allocator) {
 	nodeFreeGPUs.WithLabelValues(name).Set(float64(n.GPUFree()) / gpu.CoresPerGPU)
-	if f, ok := a.Fragmentation(n); ok {
-		nodeFragmentedGPUs.WithLabelValues(name).Set(f / gpu.CoresPerGPU)
-	}
+	f, _ := a.Fragmentation(n)
+	nodeFragmentedGPUs.WithLabelValues(name).Set(f / gpu.CoresPerGPU)
 }
 
 // forgetNode drops the per-GPU series of a node that is gone.

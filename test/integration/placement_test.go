@@ -186,6 +186,14 @@ func TestDeletionLetsWaitingPodIn(t *testing.T) {
 	c := startCluster(t)
 	inv := c.addNode(gpuNode{name: "solo", gpus: 1, memMi: 81920})
 	c.startScheduler("")
+	// Idle, before any GPU pod: the node's fragmented compute reads 0, not
+	// nothing (issue 39: the idle node had no series, the panel no data).
+	waitFor(t, 30*time.Second, "solo's free GPUs to be exported", func() bool {
+		return gauge(t, "tessera_scheduler_node_free_gpus", map[string]string{"node": "solo"}) == 1
+	})
+	if frag := gauge(t, "tessera_scheduler_node_fragmented_gpus", map[string]string{"node": "solo"}); frag != 0 {
+		t.Errorf("idle node: tessera_scheduler_node_fragmented_gpus = %v, want 0", frag)
+	}
 	ns := c.namespace("wait")
 	c.createPod(ns, podSpec{name: "first", gpus: 1})
 	c.waitBound(ns, []string{"first"}, 30*time.Second)
