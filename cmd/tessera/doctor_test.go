@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tessera-gpu/tessera/pkg/doctor"
 	"github.com/tessera-gpu/tessera/pkg/playground"
 )
 
@@ -116,6 +117,15 @@ func TestDoctorClusterOnAHealthyPlayground(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("healthy report lacks %q:\n%s", want, out)
 		}
+	}
+	// As data, for scripts: -o json parses back into doctor's types.
+	code, out, errOut = runCLI(t, append(args, "--insecure-metrics", "-o", "json")...)
+	var report struct {
+		Worst    doctor.Severity  `json:"worst"`
+		Findings []doctor.Finding `json:"findings"`
+	}
+	if err := json.Unmarshal([]byte(out), &report); err != nil || code != exitOK || report.Worst > doctor.Info || len(report.Findings) == 0 {
+		t.Errorf("-o json: exit %d, %v, report %+v\n%s%s", code, err, report, out, errOut)
 	}
 	code, out, _ = runCLI(t, args...)
 	if code != 1 || !strings.Contains(out, "the scheduler's metrics could not be read") ||
