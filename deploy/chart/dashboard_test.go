@@ -257,3 +257,80 @@ func TestEveryPerGPUFamilyHasTheSameLabels(t *testing.T) {
 	}
 	t.Logf("%d per-GPU families", perGPU)
 }
+
+// TestDashboardAtAGlance: every stat says a number when its series are
+// absent (its query, or the recording rule it reads, ends in "or
+// vector(0)"), and carries a unit, colours by thresholds; every table is
+// an instant query formatted as a table (issue 39: "GPUs unhealthy" read 0
+// in a full outage, "Pending GPU pods" No data, no panel had thresholds,
+// the tables were range queries).
+func TestDashboardAtAGlance(t *testing.T) {
+	raw, err := Files.ReadFile("tessera/files/tessera-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Type        string `json:"type"`
+			Title       string `json:"title"`
+			FieldConfig struct {
+				Defaults struct {
+					Unit       string `json:"unit"`
+					Color      struct{ Mode string } `json:"color"`
+					Thresholds struct {
+						Steps []struct {
+							Color string   `json:"color"`
+							Value *float64 `json:"value"`
+						} `json:"steps"`
+					} `json:"thresholds"`
+				} `json:"defaults"`
+			} `json:"fieldConfig"`
+			Targets []struct {
+				Expr    string `json:"expr"`
+				Instant bool   `json:"instant"`
+				Format  string `json:"format"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatal(err)
+	}
+	recorded := map[string]string{}
+	for _, g := range shippedRules(t).Groups {
+		for _, r := range g.Rules {
+			if r.Record != "" {
+				recorded[r.Record] = r.Expr
+			}
+		}
+	}
+	stats, tables := 0, 0
+	for _, p := range dash.Panels {
+		switch p.Type {
+		case "stat", "gauge":
+			stats++
+			d := p.FieldConfig.Defaults
+			if d.Unit == "" || d.Color.Mode != "thresholds" || len(d.Thresholds.Steps) == 0 || d.Thresholds.Steps[0].Value != nil {
+				t.Errorf("stat %q: unit %q, colour mode %q, thresholds %+v: want a unit and colours by thresholds from a base step", p.Title, d.Unit, d.Color.Mode, d.Thresholds.Steps)
+			}
+			for _, tg := range p.Targets {
+				expr := tg.Expr
+				if rule, ok := recorded[strings.TrimSpace(expr)]; ok {
+					expr = rule
+				}
+				if !strings.HasSuffix(strings.TrimSpace(expr), "or vector(0)") {
+					t.Errorf("stat %q reads %q, which has no value without series (want … or vector(0))", p.Title, tg.Expr)
+				}
+			}
+		case "table":
+			tables++
+			for _, tg := range p.Targets {
+				if !tg.Instant || tg.Format != "table" {
+					t.Errorf("table %q: query %q instant %v format %q; want an instant query formatted as a table", p.Title, tg.Expr, tg.Instant, tg.Format)
+				}
+			}
+		}
+	}
+	if stats == 0 || tables == 0 {
+		t.Fatalf("%d stats and %d tables: the dashboard's shape changed under this test", stats, tables)
+	}
+}

@@ -43,6 +43,12 @@ var (
 		Help:           "GPU memory as the node's inventory reports it.",
 		StabilityLevel: metrics.ALPHA,
 	}, gpuLabels)
+	gpuHealthy = metrics.NewGaugeVec(&metrics.GaugeOpts{
+		Subsystem:      metricsSubsystem,
+		Name:           "gpu_healthy",
+		Help:           "1 while the node's inventory reports the GPU healthy, 0 while it is out of service: what the scheduler places by, there even when the node's agent is not scraped.",
+		StabilityLevel: metrics.ALPHA,
+	}, gpuLabels)
 	unschedulable = metrics.NewCounterVec(&metrics.CounterOpts{
 		Subsystem:      metricsSubsystem,
 		Name:           "unschedulable_total",
@@ -124,7 +130,7 @@ var registerOnce sync.Once
 
 // collectors are the plugin's metrics, as registered.
 func collectors() []metrics.Registerable {
-	return []metrics.Registerable{gpuAllocatedMemory, gpuAllocatedCores, gpuAllocatedSlices, gpuMemoryTotal,
+	return []metrics.Registerable{gpuAllocatedMemory, gpuAllocatedCores, gpuAllocatedSlices, gpuMemoryTotal, gpuHealthy,
 		nodeFreeGPUs, nodeFragmentedGPUs, unschedulable, pluginDuration, orphanedPods, inventoryErrors, assignmentErrors, assignmentChanges,
 		preemptions, victimsPerPreemption, awaitingReclaim, reclaimTimeouts}
 }
@@ -212,6 +218,11 @@ func recordNode(name string, n *allocator.Node) {
 		gpuAllocatedCores.WithLabelValues(lv...).Set(float64(g.CoresUsed()) / gpu.CoresPerGPU)
 		gpuAllocatedSlices.WithLabelValues(lv...).Set(float64(g.Tenants()))
 		gpuMemoryTotal.WithLabelValues(lv...).Set(float64(g.MemoryMiB) * (1 << 20))
+		healthy := 0.0
+		if g.Healthy {
+			healthy = 1
+		}
+		gpuHealthy.WithLabelValues(lv...).Set(healthy)
 	}
 }
 
@@ -234,6 +245,7 @@ func forgetNode(name string, gpus []allocator.GPU) {
 		gpuAllocatedCores.DeleteLabelValues(lv...)
 		gpuAllocatedSlices.DeleteLabelValues(lv...)
 		gpuMemoryTotal.DeleteLabelValues(lv...)
+		gpuHealthy.DeleteLabelValues(lv...)
 	}
 	nodeFreeGPUs.DeleteLabelValues(name)
 	nodeFragmentedGPUs.DeleteLabelValues(name)

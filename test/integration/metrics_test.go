@@ -80,6 +80,9 @@ func checkMetrics(t *testing.T, nodes map[string]*allocator.Node) {
 			if got, want := gauge(t, "tessera_scheduler_gpu_allocated_cores_ratio", l), float64(g.CoresUsed())/gpu.CoresPerGPU; got != want {
 				t.Errorf("%s cores metric %v, recount %v", g.UUID, got, want)
 			}
+			if got, want := gauge(t, "tessera_scheduler_gpu_healthy", l), map[bool]float64{true: 1, false: 0}[g.Healthy]; got != want {
+				t.Errorf("%s healthy metric %v, inventory %v", g.UUID, got, want)
+			}
 		}
 	}
 	// Counters an alert or panel reads exist at 0 before their first
