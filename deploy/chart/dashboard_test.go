@@ -275,7 +275,7 @@ func TestDashboardAtAGlance(t *testing.T) {
 			Title       string `json:"title"`
 			FieldConfig struct {
 				Defaults struct {
-					Unit       string `json:"unit"`
+					Unit       string                `json:"unit"`
 					Color      struct{ Mode string } `json:"color"`
 					Thresholds struct {
 						Steps []struct {
