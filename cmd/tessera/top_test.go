@@ -2,13 +2,18 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
+	"fmt"
 	"io"
+	"math"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/pkg/gpu"
@@ -136,4 +141,112 @@ func TestWebViewBindsTheLoopback(t *testing.T) {
 	if _, _, err := serveWeb(context.Background(), "8080", "", io.Discard, collect); err == nil || !strings.Contains(err.Error(), `--web "8080": want host:port or :port`) {
 		t.Errorf("--web 8080: %v", err)
 	}
+}
+
+// TestOneFragmentation: on one playground at one moment, tessera top (-o
+// json), its web view (/api/snapshot) and the scheduler's metrics (the
+// dashboard's source) show the same fragmentation, the allocator's one
+// definition (issue 39: the web view said 42 % where the scheduler's metric
+// and the dashboard said 0.4 %).
+func TestOneFragmentation(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a playground; skipped with -short")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := playground.Up(context.Background(), playground.Options{Nodes: 2, GPUsPerNode: 2, Model: "h100", MPSNodes: 1,
+		MPSControl: []string{exe, "mps-control"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Down)
+	// Slices that leave 70 % of a GPU where a whole-GPU pod would want
+	// it all, and a whole-GPU pod that waits for one.
+	specs := []playground.PodSpec{
+		{Name: "slice-a", GPUs: 1, MemoryMiB: 8192, Cores: 30, Sharing: gpu.ModeTimeSlicing},
+		{Name: "slice-b", GPUs: 1, MemoryMiB: 8192, Cores: 30, Sharing: gpu.ModeMPS},
+		{Name: "whole-a", GPUs: 1, Sharing: gpu.ModeExclusive},
+		{Name: "whole-b", GPUs: 2, Sharing: gpu.ModeExclusive},
+	}
+	if err := playground.Submit(context.Background(), c.Client, "frag", specs); err != nil {
+		t.Fatal(err)
+	}
+	insecure := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the playground's self-signed scheduler
+	schedulerSums := func() (free, fragmented float64) {
+		resp, err := insecure.Get(c.SchedulerMetricsURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		for _, line := range strings.Split(string(body), "\n") {
+			var v float64
+			switch {
+			case strings.HasPrefix(line, "tessera_scheduler_node_free_gpus{"):
+				fmt.Sscan(line[strings.LastIndex(line, " ")+1:], &v)
+				free += v
+			case strings.HasPrefix(line, "tessera_scheduler_node_fragmented_gpus{"):
+				fmt.Sscan(line[strings.LastIndex(line, " ")+1:], &v)
+				fragmented += v
+			}
+		}
+		return free, fragmented
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	url, _, err := serveWeb(ctx, "127.0.0.1:0", "", io.Discard, collector(c.Client, []string{c.Nodes[0].MetricsURL, c.Nodes[1].MetricsURL}, func(error) {}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	webView := func() top.Fragmentation {
+		resp, err := http.Get(url + "api/snapshot")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var v struct {
+			Fragmentation top.Fragmentation `json:"fragmentation"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v.Fragmentation
+	}
+	agree := func(tenantsWant int, wantFragmented func(float64) bool) float64 {
+		t.Helper()
+		var last string
+		for deadline := time.Now().Add(45 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+			code, out, errOut := runCLI(t, "top", "--kubeconfig", c.Kubeconfig, "-o", "json", "--metrics", c.Nodes[0].MetricsURL+","+c.Nodes[1].MetricsURL)
+			if code != exitOK {
+				t.Fatalf("top: exit %d: %s", code, errOut)
+			}
+			var snap top.Snapshot
+			if err := json.Unmarshal([]byte(out), &snap); err != nil {
+				t.Fatal(err)
+			}
+			free, fragmented := schedulerSums()
+			web := webView()
+			tf := snap.Fragmentation
+			last = fmt.Sprintf("top %.4f of %.4f free GPUs, web view %.4f of %.4f, scheduler metrics %.4f of %.4f",
+				tf.FragmentedGPUs, tf.FreeGPUs, web.FragmentedGPUs, web.FreeGPUs, fragmented, free)
+			same := func(a, b float64) bool { return math.Abs(a-b) < 1e-6 }
+			if wantFragmented(tf.FragmentedGPUs) && tenants(snap) == tenantsWant &&
+				same(tf.FreeGPUs, free) && same(tf.FragmentedGPUs, fragmented) &&
+				same(web.FreeGPUs, free) && same(web.FragmentedGPUs, fragmented) {
+				t.Logf("one fragmentation: %s (%.1f %%)", last, 100*tf.Ratio())
+				return tf.FragmentedGPUs
+			}
+		}
+		t.Fatalf("the figures did not agree within 45 s: %s", last)
+		return 0
+	}
+	first := agree(3, func(f float64) bool { return f > 0 })
+	// The waiting two-GPU pod leaves: the workload of the pods present
+	// changes, no node does, and every reader follows at once.
+	if err := c.Client.CoreV1().Pods("frag").Delete(context.Background(), "whole-b", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	agree(3, func(f float64) bool { return math.Abs(f-first) > 1e-6 })
 }

@@ -737,6 +737,14 @@ func (c *Cache) reportUntil(ctx context.Context, change func(string, *allocator.
 // reporting says whether changes are reported; callers hold mu.
 func (c *Cache) reporting() bool { return c.reportCtx != nil && c.reportCtx.Err() == nil }
 
+// Reporting says whether the cache's scheduler still runs, so that its view
+// may be exported.
+func (c *Cache) Reporting() bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.reporting()
+}
+
 // Orphans lists the pods whose booking is not counted on any node because
 // their node has no inventory. Assignments refused as over their node's
 // limits are not orphans: they are reported when refused.

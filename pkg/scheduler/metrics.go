@@ -105,19 +105,6 @@ var (
 		Help:           "Preemption victims gone from the API server whose slices stay booked until their node's agent confirms their GPUs clean.",
 		StabilityLevel: metrics.ALPHA,
 	})
-	nodeFreeGPUs = metrics.NewGaugeVec(&metrics.GaugeOpts{
-		Subsystem:      metricsSubsystem,
-		Name:           "node_free_gpus",
-		Help:           "Unallocated compute of a node's healthy GPUs, in GPUs (a half-used GPU counts 0.5).",
-		StabilityLevel: metrics.ALPHA,
-	}, []string{"node"})
-	nodeFragmentedGPUs = metrics.NewGaugeVec(&metrics.GaugeOpts{
-		Subsystem: metricsSubsystem,
-		Name:      "node_fragmented_gpus",
-		Help: "Of a node's free GPU compute, in GPUs, what the typical GPU pods (the recent requests' workload) cannot use: " +
-			"the FGD paper's fragmentation F_n(M), as of the node's last change.",
-		StabilityLevel: metrics.ALPHA,
-	}, []string{"node"})
 	reclaimTimeouts = metrics.NewCounter(&metrics.CounterOpts{
 		Subsystem:      metricsSubsystem,
 		Name:           "preemption_reclaim_timeouts_total",
@@ -131,7 +118,7 @@ var registerOnce sync.Once
 // collectors are the plugin's metrics, as registered.
 func collectors() []metrics.Registerable {
 	return []metrics.Registerable{gpuAllocatedMemory, gpuAllocatedCores, gpuAllocatedSlices, gpuMemoryTotal, gpuHealthy,
-		nodeFreeGPUs, nodeFragmentedGPUs, unschedulable, pluginDuration, orphanedPods, inventoryErrors, assignmentErrors, assignmentChanges,
+		unschedulable, pluginDuration, orphanedPods, inventoryErrors, assignmentErrors, assignmentChanges,
 		preemptions, victimsPerPreemption, awaitingReclaim, reclaimTimeouts}
 }
 
@@ -148,6 +135,7 @@ func MetricDescs() []*prometheus.Desc {
 			c.Describe(ch)
 		}
 		pending.Describe(ch)
+		fragmentation.Describe(ch)
 		kubemetrics.PodSchedulingSLIDuration.Describe(ch)
 		close(ch)
 	}()
@@ -165,6 +153,7 @@ func registerMetrics() {
 	registerOnce.Do(func() {
 		legacyregistry.MustRegister(collectors()...)
 		legacyregistry.CustomMustRegister(pending)
+		legacyregistry.CustomMustRegister(fragmentation)
 		// A vector's series are live only once it is registered.
 		resolveHotSeries()
 	})
@@ -226,16 +215,6 @@ func recordNode(name string, n *allocator.Node) {
 	}
 }
 
-// recordFragmentation sets a node's free and fragmented GPU compute against
-// the allocator's target workload. Before the first GPU pod there is no
-// workload, and no pod that free compute is wasted on: 0, so an idle
-// cluster's panel reads 0 rather than nothing.
-func recordFragmentation(name string, n *allocator.Node, a *allocator.Allocator) {
-	nodeFreeGPUs.WithLabelValues(name).Set(float64(n.GPUFree()) / gpu.CoresPerGPU)
-	f, _ := a.Fragmentation(n)
-	nodeFragmentedGPUs.WithLabelValues(name).Set(f / gpu.CoresPerGPU)
-}
-
 // forgetNode drops the per-GPU series of a node that is gone.
 func forgetNode(name string, gpus []allocator.GPU) {
 	for i := range gpus {
@@ -247,8 +226,6 @@ func forgetNode(name string, gpus []allocator.GPU) {
 		gpuMemoryTotal.DeleteLabelValues(lv...)
 		gpuHealthy.DeleteLabelValues(lv...)
 	}
-	nodeFreeGPUs.DeleteLabelValues(name)
-	nodeFragmentedGPUs.DeleteLabelValues(name)
 }
 
 // observe records an extension point's latency since start.

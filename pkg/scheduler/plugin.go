@@ -143,14 +143,13 @@ func newPlugin(ctx context.Context, obj runtime.Object, h fwk.Handle, controller
 				argsField, cfg.MemoryOversubscription, s.cache.oversub)
 		}
 		p.shared = s
+		fragmentation.set(s.cache, p.pods, cfg)
 		return p, nil
 	}
 	s := &shared{cache: NewCache(cfg.MemoryOversubscription), workload: newWorkloadTracker(base, cfg.WorkloadCoverage)}
-	s.cache.reportUntil(ctx, func(name string, n *allocator.Node) {
-		recordNode(name, n)
-		recordFragmentation(name, n, s.workload.Current())
-	}, forgetNode)
+	s.cache.reportUntil(ctx, recordNode, forgetNode)
 	p.shared = s
+	fragmentation.set(s.cache, p.pods, cfg)
 	logger := klog.FromContext(ctx).WithName(Name)
 	nodes, err := factory.Core().V1().Nodes().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { p.onNode(logger, obj) },

@@ -57,6 +57,8 @@ type Summary struct {
 	// SharingFailedBy100 is the mean Result.SharingFailedBy100: where it is
 	// 0 the policy is bound by the Ceiling.
 	SharingFailedBy100 float64
+	// Fragmentation is the mean Result.Fragmentation ratio at the end, in %.
+	Fragmentation float64
 }
 
 // Summarize averages results per policy, in the order policies first appear.
@@ -78,6 +80,7 @@ func Summarize(results []*Result) []Summary {
 		s.Failed += float64(r.Failed)
 		s.Pods += float64(r.Pods)
 		s.SharingFailedBy100 += float64(r.SharingFailedBy100)
+		s.Fragmentation += 100 * r.Fragmentation.Ratio()
 	}
 	for i := range out {
 		s := &out[i]
@@ -88,6 +91,7 @@ func Summarize(results []*Result) []Summary {
 		s.Failed /= n
 		s.Pods /= n
 		s.SharingFailedBy100 /= n
+		s.Fragmentation /= n
 	}
 	return out
 }
@@ -98,9 +102,9 @@ func WriteSummary(w io.Writer, workload string, gpus int, tune float64, sums []S
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tseeds\talloc@100%\talloc@end\tunallocated GPUs@100%\tfailed pods\tpods\tsharing failed@100%\t")
+	fmt.Fprintln(tw, "policy\tseeds\talloc@100%\talloc@end\tunallocated GPUs@100%\tfailed pods\tpods\tsharing failed@100%\tfragmentation@end\t")
 	for _, s := range sums {
-		fmt.Fprintf(tw, "%s\t%d\t%.2f%%\t%.2f%%\t%.1f\t%.1f\t%.0f\t%.1f\t\n", s.Policy, s.Seeds, s.At100, s.Final, s.Unallocated, s.Failed, s.Pods, s.SharingFailedBy100)
+		fmt.Fprintf(tw, "%s\t%d\t%.2f%%\t%.2f%%\t%.1f\t%.1f\t%.0f\t%.1f\t%.1f%%\t\n", s.Policy, s.Seeds, s.At100, s.Final, s.Unallocated, s.Failed, s.Pods, s.SharingFailedBy100, s.Fragmentation)
 	}
 	return tw.Flush()
 }

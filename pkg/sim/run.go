@@ -21,6 +21,7 @@ type Trace struct {
 	shapes   []*allocator.Request // distinct pod shapes
 	shapeOf  []int                // pod index → shape id
 	workload *allocator.Workload
+	coverage float64
 	gpus     int
 }
 
@@ -30,7 +31,7 @@ type Trace struct {
 // milli, GPU milli, GPU count, GPU models) that together cover `coverage` of
 // the pods, CPU-only pods included.
 func NewTrace(name string, nodes []NodeSpec, pods []PodSpec, coverage float64) (*Trace, error) {
-	t := &Trace{Name: name, Nodes: nodes, Pods: pods, shapeOf: make([]int, len(pods))}
+	t := &Trace{Name: name, Nodes: nodes, Pods: pods, shapeOf: make([]int, len(pods)), coverage: coverage}
 	for _, n := range nodes {
 		t.gpus += n.GPUs
 	}
@@ -103,6 +104,10 @@ type Result struct {
 	// Placed[i] is the position in the trace's node list of the node the i-th
 	// arrival landed on, or -1; kept only when asked (tests compare it).
 	Placed []int
+	// Fragmentation is Tessera's one figure (allocator.MeasureFragmentation)
+	// after the last arrival, against the pods that arrived, placed or not:
+	// the pods present then.
+	Fragmentation allocator.Fragmentation
 }
 
 // At100 is the allocation when arrived demand reached 100 % of capacity.
@@ -258,7 +263,28 @@ func (t *Trace) Run(cfg config.AllocatorConfig, o RunOptions) (*Result, error) {
 		}
 	}
 	res.Final = 100 * float64(allocated) / capacity
+	res.Fragmentation = t.fragmentation(nodes, seq, cfg.MemoryOversubscription)
 	return res, nil
+}
+
+// fragmentation measures the nodes against the arrivals' shapes, each
+// counted once per arrival.
+func (t *Trace) fragmentation(nodes []*allocator.Node, seq []int, oversub float64) allocator.Fragmentation {
+	perShape := make([]float64, len(t.shapes))
+	for _, pi := range seq {
+		perShape[t.shapeOf[pi]]++
+	}
+	var counts []allocator.ShapeCount
+	for shape, n := range perShape {
+		if n > 0 {
+			counts = append(counts, allocator.ShapeCount{Request: t.shapes[shape], Count: n})
+		}
+	}
+	w, err := allocator.NewWorkload(counts, t.coverage)
+	if err != nil {
+		w = nil // no arrivals: nothing is fragmented
+	}
+	return allocator.MeasureFragmentation(nodes, w, oversub)
 }
 
 // ParseSeeds reads "42-51", "42,43,50" or a mix of both.

@@ -93,6 +93,15 @@ func TestCurveAndCSV(t *testing.T) {
 	if len(res.Curve) != 131 {
 		t.Fatalf("curve has %d columns, want 131 (0..130)", len(res.Curve))
 	}
+	// The one fragmentation figure at the end: its free compute is what
+	// the run left unallocated, and its fragmented part lies within it.
+	f := res.Fragmentation
+	if free := (1 - res.Final/100) * float64(res.GPUs); math.Abs(f.FreeGPUs-free) > 1e-6 {
+		t.Errorf("fragmentation's free GPUs %v, the run left %v unallocated", f.FreeGPUs, free)
+	}
+	if f.FragmentedGPUs < 0 || f.FragmentedGPUs > f.FreeGPUs+1e-9 || f.Shapes == 0 {
+		t.Errorf("fragmentation %+v", f)
+	}
 	for k := 1; k <= 130; k++ {
 		v := res.Curve[k]
 		if math.IsNaN(v) {
