@@ -10,6 +10,7 @@ import (
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
+	"sigs.k8s.io/yaml"
 
 	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
 )
@@ -74,6 +75,19 @@ func TestGPUsAsData(t *testing.T) {
 	p := report.Samples[0].GPUs[3].Processes
 	if len(p) != 1 || p[0].PID != 4242 || p[0].SMUtil != nil {
 		t.Errorf("GPU 3's processes %+v, want pid 4242 with no SM reading", p)
+	}
+	// -o yaml, which --help advertises too, carries the same.
+	code, out, errOut = runCLI(t, "gpus", "--samples", "1", "--interval", "1ms", "-o", "yaml")
+	if code != exitOK {
+		t.Fatalf("-o yaml: exit %d: %s", code, errOut)
+	}
+	var fromYAML struct {
+		GPUs []struct {
+			Model string `json:"model"`
+		} `json:"gpus"`
+	}
+	if err := yaml.Unmarshal([]byte(out), &fromYAML); err != nil || len(fromYAML.GPUs) != 8 || fromYAML.GPUs[0].Model != "NVIDIA H200 141GB HBM3e" {
+		t.Errorf("-o yaml: %v, %+v\n%s", err, fromYAML, out)
 	}
 }
 
