@@ -108,7 +108,12 @@ func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
 			exp[r.Record] = labels
 		}
 	}
-	exp["up"] = map[string]bool{"job": true, "instance": true}
+	exp["up"] = map[string]bool{"job": true, "instance": true, "node": true}
+	// kube-state-metrics' families the agent-absence alerts read.
+	exp["kube_pod_status_ready"] = map[string]bool{"namespace": true, "pod": true, "condition": true}
+	exp["kube_pod_info"] = map[string]bool{"namespace": true, "pod": true, "node": true, "created_by_kind": true, "created_by_name": true}
+	exp["kube_daemonset_status_desired_number_scheduled"] = map[string]bool{"namespace": true, "daemonset": true}
+	exp["kube_daemonset_status_number_ready"] = map[string]bool{"namespace": true, "daemonset": true}
 	exp["ALERTS"] = map[string]bool{"alertname": true, "alertstate": true, "severity": true}
 
 	raw, err := Files.ReadFile("tessera/files/tessera-dashboard.json")
