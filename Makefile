@@ -18,7 +18,7 @@ demo-sim:
 	$(GO) run ./cmd/tessera sim --seeds 42-46
 
 ## test: every test of the repository (vet, formatting and the Prometheus rules first); the openb replays need ../shared.
-test: vet fmt-check rules apt-lists browser
+test: vet fmt-check rules apt-lists browser bin/prometheus
 	$(GO) test -count=1 -timeout 30m ./...
 
 # The image test fetches the agent's Debian packages with apt-get download,
@@ -49,6 +49,12 @@ rules: bin/promtool
 bin/promtool: hack/tools/go.mod hack/tools/go.sum
 	@echo "building promtool from Go modules (hack/tools; a few minutes the first time)"
 	cd hack/tools && $(GO) build -tags remove_all_sd -o ../../bin/promtool github.com/prometheus/prometheus/cmd/promtool
+
+# Prometheus' server at the version hack/tools pins, for the end-to-end test
+# that the shipped alerts fire from the playground's series as scraped.
+bin/prometheus: hack/tools/go.mod hack/tools/go.sum
+	@echo "building Prometheus from Go modules (hack/tools; a few minutes the first time)"
+	cd hack/tools && $(GO) build -tags remove_all_sd -o ../../bin/prometheus github.com/prometheus/prometheus/cmd/prometheus
 
 ## images: tessera-scheduler's and tessera-agent's OCI image archives, into out/images (no Docker, no registry; REGISTRY= to tag for yours).
 REGISTRY ?= ghcr.io/tessera-gpu

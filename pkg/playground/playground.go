@@ -440,18 +440,25 @@ func (n *Node) RestartAgent() error {
 // QuitMPS sends quit to GPU index i's MPS control daemon, as any tenant of
 // the GPU can: the agent finds it dead and restarts it.
 func (n *Node) QuitMPS(ctx context.Context, i int) error {
+	_, err := n.MPSCommand(ctx, i, "quit")
+	return err
+}
+
+// MPSCommand sends one control command to GPU index i's MPS control
+// daemon through its control endpoint, as any tenant of the GPU can
+// (set_default_active_thread_percentage 100, say), and returns its reply.
+func (n *Node) MPSCommand(ctx context.Context, i int, command string) (string, error) {
 	n.agentMu.Lock()
 	a := n.agent
 	n.agentMu.Unlock()
 	if a.MPS == nil {
-		return fmt.Errorf("node %s runs no MPS", n.Name)
+		return "", fmt.Errorf("node %s runs no MPS", n.Name)
 	}
 	uuid, ret := n.NVML.Devices[i].GetUUID()
 	if ret != 0 {
-		return fmt.Errorf("node %s GPU %d: no UUID", n.Name, i)
+		return "", fmt.Errorf("node %s GPU %d: no UUID", n.Name, i)
 	}
-	_, err := a.MPS.Control(ctx, uuid, "quit")
-	return err
+	return a.MPS.Control(ctx, uuid, command)
 }
 
 // RestartKubelet restarts the node's stand-in kubelet: its containers run on,
