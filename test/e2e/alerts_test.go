@@ -229,6 +229,12 @@ scrape_configs:
 		t.Fatal(err)
 	}
 	raised("TesseraAssignmentChanged", map[string]string{"node": mpsNode.Name})
+	// And then to something no one can read: the scheduler cannot book it.
+	patch, _ = json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{gpu.AnnotationAssignment: `{"v":"v1","node":`}}})
+	if _, err := scheduler.CoreV1().Pods(ns).Patch(context.Background(), "mps-tenant", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	raised("TesseraAssignmentErrors", nil)
 	// The node's inventory overwritten with garbage by its own agent's
 	// token: the scheduler cannot use it until the agent restores it.
 	garbage := fmt.Sprintf(`{"metadata":{"annotations":{%q:"{\"v\":\"v1\",\"gpus\":[{\"memoryMiB\":300000}"}}}`, gpu.AnnotationInventory)
