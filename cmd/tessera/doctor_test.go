@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"io"
 	"os"
@@ -89,19 +88,7 @@ func TestDoctorNodeOnAFixture(t *testing.T) {
 // --insecure-metrics it says why the metrics could not be read and what to
 // pass.
 func TestDoctorClusterOnAHealthyPlayground(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a playground; skipped with -short")
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := playground.Up(context.Background(), playground.Options{Nodes: 1, GPUsPerNode: 2, Model: "a100", SchedulerReplicas: 1,
-		MPSControl: []string{exe, "mps-control"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Down)
+	c := upPlayground(t, playground.Options{Nodes: 1, GPUsPerNode: 2, Model: "a100", SchedulerReplicas: 1})
 	args := []string{"doctor", "cluster", "--kubeconfig", c.Kubeconfig, "--metrics", c.Nodes[0].MetricsURL, "--scheduler-metrics", c.SchedulerMetricsURL}
 	var code int
 	var out, errOut string

@@ -8,7 +8,6 @@ import (
 	"io"
 	"math"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -27,18 +26,7 @@ import (
 // pod among their tenants (issue 39: -o was checked, then ignored, and the
 // table printed). Bad combinations exit 2.
 func TestTopAsData(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a playground; skipped with -short")
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := playground.Up(context.Background(), playground.Options{Nodes: 1, GPUsPerNode: 2, Model: "h100", MPSControl: []string{exe, "mps-control"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Down)
+	c := upPlayground(t, playground.Options{Nodes: 1, GPUsPerNode: 2, Model: "h100"})
 	if err := playground.Submit(context.Background(), c.Client, "team", []playground.PodSpec{{Name: "infer", GPUs: 1, MemoryMiB: 8192, Cores: 25, Sharing: gpu.ModeTimeSlicing}}); err != nil {
 		t.Fatal(err)
 	}
@@ -52,6 +40,7 @@ func TestTopAsData(t *testing.T) {
 				t.Fatalf("-o %s: exit %d, stderr %q", format, code, errOut)
 			}
 			var snap top.Snapshot
+			var err error
 			if format == "json" {
 				err = json.Unmarshal([]byte(out), &snap)
 			} else {
@@ -149,19 +138,7 @@ func TestWebViewBindsTheLoopback(t *testing.T) {
 // definition (issue 39: the web view said 42 % where the scheduler's metric
 // and the dashboard said 0.4 %).
 func TestOneFragmentation(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a playground; skipped with -short")
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := playground.Up(context.Background(), playground.Options{Nodes: 2, GPUsPerNode: 2, Model: "h100", MPSNodes: 1,
-		MPSControl: []string{exe, "mps-control"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Down)
+	c := upPlayground(t, playground.Options{Nodes: 2, GPUsPerNode: 2, Model: "h100", MPSNodes: 1})
 	// Slices that leave 70 % of a GPU where a whole-GPU pod would want
 	// it all, and a whole-GPU pod that waits for one.
 	specs := []playground.PodSpec{

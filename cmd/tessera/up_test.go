@@ -1,11 +1,14 @@
 package main
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/tessera-gpu/tessera/pkg/playground"
 )
 
 // TestMain lets this test binary stand in for nvidia-cuda-mps-control, as
@@ -15,6 +18,27 @@ func TestMain(m *testing.M) {
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())
+}
+
+// upPlayground starts a playground in this process for a CLI test, this
+// test binary standing in for the MPS control program (TestMain), and
+// stops it when the test ends.
+func upPlayground(t *testing.T, opts playground.Options) *playground.Cluster {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a playground; skipped with -short")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.MPSControl = []string{exe, "mps-control"}
+	c, err := playground.Up(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Down)
+	return c
 }
 
 // TestUpKeepsItsLog: `tessera up --demo` runs the sample workload and, when
