@@ -7,6 +7,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -32,10 +33,17 @@ func main() {
 // run executes the command line and returns the exit code: the command's
 // own, or exitUsage for a command line cobra refuses.
 func run(args []string, stdout, stderr io.Writer) int {
+	return runContext(context.Background(), args, stdout, stderr)
+}
+
+// runContext is run until ctx ends as well as until Ctrl-C, for the
+// commands that stay up (tessera up): a test ends them as a person's
+// Ctrl-C would.
+func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	code := exitOK
 	root := newRootCmd(stdout, stderr, &code)
 	root.SetArgs(args)
-	if cmd, err := root.ExecuteC(); err != nil {
+	if cmd, err := root.ExecuteContextC(ctx); err != nil {
 		// The help of the command that refused, as kubectl points to it.
 		fmt.Fprintf(stderr, "tessera: %v\nRun '%s --help' for usage.\n", err, cmd.CommandPath())
 		return exitUsage

@@ -42,7 +42,7 @@ func newUpCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 	fs.IntVar(&opts.Nodes, "nodes", 4, "simulated GPU nodes")
 	fs.IntVar(&opts.GPUsPerNode, "gpus-per-node", 8, "GPUs per node (1–8)")
 	fs.StringVar(&opts.Model, "gpu-model", "h100", "GPU model of every node: "+strings.Join(playground.Models, ", "))
-	cmd.RunE = func(*cobra.Command, []string) error {
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		*code = func() int {
 			opts.MPSNodes = *mps
 			if opts.MPSNodes < 0 {
@@ -62,7 +62,7 @@ func newUpCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 				return exitUsage
 			}
 
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			dir, err := os.MkdirTemp("", "tessera-up-")
 			if err != nil {

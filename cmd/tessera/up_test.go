@@ -6,7 +6,9 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/tessera-gpu/tessera/pkg/playground"
 )
@@ -89,5 +91,74 @@ func TestUpReportsAFailedStart(t *testing.T) {
 	if !strings.Contains(errOut, "tessera up: state directory") || !strings.Contains(errOut, "too deep for unix sockets") ||
 		!strings.Contains(errOut, "point TMPDIR at a shorter directory") || strings.Contains(errOut, "--dir") {
 		t.Errorf("stderr does not give the cause and the remedy:\n%s\nstdout:\n%s", errOut, out)
+	}
+}
+
+// lockedBuffer is a buffer one goroutine writes while another reads.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestUpBannerReadsClean runs `tessera up` until it is up, reads what it
+// tells the user, and stops it as Ctrl-C would: every line of the banner
+// is indented by two spaces, none by the stray tabs of the code's
+// indentation (issue 39), and the command exits 0 when stopped.
+func TestUpBannerReadsClean(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a whole playground; skipped with -short")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut lockedBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- runContext(ctx, []string{"up", "--nodes", "1", "--gpus-per-node", "1", "--mps-nodes", "0"}, &out, &errOut)
+	}()
+	deadline := time.Now().Add(90 * time.Second)
+	for !strings.Contains(out.String(), "Up. Ctrl-C stops everything") {
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("tessera up did not come up within 90 s:\n%s%s", out.String(), errOut.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	cancel()
+	if code := <-done; code != exitOK {
+		t.Errorf("stopped: exit %d, want 0:\n%s", code, errOut.String())
+	}
+	text := out.String()
+	banner := text[strings.Index(text, "Cluster up in"):strings.Index(text, "Up. Ctrl-C")]
+	want := []string{"  export KUBECONFIG=", "  kubectl get nodes", "  kubectl get pods -A -o wide", "  tessera top --kubeconfig ",
+		"  Web view:          http://127.0.0.1:", "  Scheduler metrics: https://127.0.0.1:", "  Agent metrics:     http://127.0.0.1:", "  Components' log:   "}
+	lines := strings.Split(banner, "\n")[1:]
+	var got []string
+	for _, l := range lines {
+		if strings.Contains(l, "\t") {
+			t.Errorf("banner line %q holds a tab", l)
+		}
+		if l != "" {
+			got = append(got, l)
+		}
+	}
+	if len(got) != len(want) {
+		t.Fatalf("banner:\n%s", banner)
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(got[i], w) {
+			t.Errorf("banner line %d %q, want it to begin %q", i, got[i], w)
+		}
 	}
 }
