@@ -40,7 +40,7 @@ func newTopCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 		token   = fs.String("web-token", os.Getenv("TESSERA_WEB_TOKEN"), "a token the web view asks of every request (default $TESSERA_WEB_TOKEN); the printed link carries it")
 	)
 	cluster := bindClusterFlags(fs)
-	cmd.RunE = func(*cobra.Command, []string) error {
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		*code = func() int {
 			if err := checkOutput(*output); err != nil {
 				fmt.Fprintf(stderr, "tessera top: %v\n", err)
@@ -64,7 +64,7 @@ func newTopCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 				fmt.Fprintf(stderr, "tessera top: %v\n", err)
 				return exitUsage
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			collect := collector(client, strings.Split(*metrics, ","), func(err error) {
 				// Usage is extra: the view stands without it.

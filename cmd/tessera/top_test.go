@@ -8,6 +8,8 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -226,4 +228,55 @@ func TestOneFragmentation(t *testing.T) {
 		t.Fatal(err)
 	}
 	agree(3, func(f float64) bool { return math.Abs(f-first) > 1e-6 })
+}
+
+// TestWebTokenFlag runs `tessera top --web 127.0.0.1:0 --web-token …` as a
+// person would, follows the link it prints, and checks the page asks the
+// token of a request without it; then stops it as Ctrl-C would.
+func TestWebTokenFlag(t *testing.T) {
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	// The page is served without reading the cluster; /api/snapshot would.
+	if err := os.WriteFile(kubeconfig, []byte("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: \"https://127.0.0.1:1\"}}]\n"+
+		"contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\nusers: [{name: u, user: {token: t}}]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut lockedBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- runContext(ctx, []string{"top", "--kubeconfig", kubeconfig, "--web", "127.0.0.1:0", "--web-token", "s3cret"}, &out, &errOut)
+	}()
+	var link string
+	for deadline := time.Now().Add(30 * time.Second); link == ""; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no link printed:\n%s%s", out.String(), errOut.String())
+		}
+		if _, after, ok := strings.Cut(out.String(), "Web view at "); ok {
+			link, _, _ = strings.Cut(after, " ")
+		}
+	}
+	if !strings.HasSuffix(link, "/?token=s3cret") {
+		t.Fatalf("link %q does not carry the token", link)
+	}
+	for _, tc := range []struct {
+		url  string
+		want int
+	}{{link, http.StatusOK}, {strings.TrimSuffix(link, "?token=s3cret"), http.StatusUnauthorized}} {
+		resp, err := http.Get(tc.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("GET %s: %d, want %d", tc.url, resp.StatusCode, tc.want)
+		}
+	}
+	if strings.Contains(errOut.String(), "without a password") {
+		t.Errorf("warned though a token guards the loopback page: %s", errOut.String())
+	}
+	cancel()
+	if code := <-done; code != exitOK {
+		t.Errorf("stopped: exit %d: %s", code, errOut.String())
+	}
 }
