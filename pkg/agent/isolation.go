@@ -227,34 +227,19 @@ func (a *Agent) mpsTampered(uuid string, drift []mps.Drift) {
 	}
 	a.event(ctx, time.Now(), v1.EventTypeWarning, "MPSLimitsRestored", "RestoreMPSLimits", note)
 	a.isoMu.Lock()
-	var affected []types.UID
+	affected := map[types.UID]bool{}
 	for uid, byGPU := range a.mpsConnected {
 		if _, ok := byGPU[uuid]; ok {
 			byGPU[uuid] = unverifiedServer
-			affected = append(affected, uid)
+			affected[uid] = true
 		}
 	}
 	a.isoMu.Unlock()
-	for _, uid := range affected {
-		if p := a.nodePod(uid); p != nil {
-			if asg, err := podgpu.BoundAssignment(p); err == nil && asg != nil {
-				a.reportIsolation(ctx, p, a.guaranteesOf(p, asg))
-			}
+	for _, p := range a.activePods(nil) {
+		if affected[p.pod.UID] {
+			a.reportIsolation(ctx, p.pod, a.guaranteesOf(p.pod, p.asg))
 		}
 	}
-}
-
-// nodePod is the node's pod with uid, or nil.
-func (a *Agent) nodePod(uid types.UID) *v1.Pod {
-	if a.opts.NodePods == nil {
-		return nil
-	}
-	for _, p := range a.opts.NodePods() {
-		if p.UID == uid {
-			return p
-		}
-	}
-	return nil
 }
 
 // mpsServerLimits sets a GPU's MPS server limits to the tightest still
