@@ -120,6 +120,8 @@ func TestUpBannerReadsClean(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a whole playground; skipped with -short")
 	}
+	// tessera up's web view asks this token, as $TESSERA_WEB_TOKEN says.
+	t.Setenv("TESSERA_WEB_TOKEN", "s3cret")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var out, errOut lockedBuffer
@@ -160,5 +162,8 @@ func TestUpBannerReadsClean(t *testing.T) {
 		if !strings.HasPrefix(got[i], w) {
 			t.Errorf("banner line %d %q, want it to begin %q", i, got[i], w)
 		}
+	}
+	if !strings.HasSuffix(got[4], "/?token=s3cret") {
+		t.Errorf("the web view's link %q does not carry $TESSERA_WEB_TOKEN", got[4])
 	}
 }
