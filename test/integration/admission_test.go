@@ -113,6 +113,7 @@ func TestAdmissionPolicies(t *testing.T) {
 		"kubelet of n1":  kubernetes.NewForConfigOrDie(playground.As(admin, "system:node:n1", nil)),
 		"kubelet of n2":  kubernetes.NewForConfigOrDie(playground.As(admin, "system:node:n2", nil)),
 		"pod gc":         kubernetes.NewForConfigOrDie(playground.As(admin, "system:serviceaccount:kube-system:pod-garbage-collector", nil)),
+		"kai":            kubernetes.NewForConfigOrDie(playground.As(admin, "system:serviceaccount:kai:kai-scheduler", nil)),
 	}
 	c.registerNode("n1")
 	c.registerNode("n2")
@@ -413,6 +414,26 @@ func TestAdmissionPolicies(t *testing.T) {
 	}...)
 
 	send(t, c.ctx, as, steps)
+
+	// Another scheduler of the cluster binds its own pods once the operator
+	// lists it in binders (chart value admissionPolicies.binders).
+	kaiPod := withPod("kai-pod", func(p *v1.Pod) {
+		p.Spec.SchedulerName = "kai-scheduler"
+		p.Spec.Containers[0].Resources.Limits = nil
+	})
+	send(t, c.ctx, as, []step{
+		{"a pod asking no GPU for another scheduler", "alice", create(kaiPod), "", ""},
+		{"the other scheduler binds it, unlisted", "kai", bind("kai-pod", nil), "tessera-pod-binding", "system:serviceaccount:kai:kai-scheduler may not bind pods"},
+	})
+	decide(t, c, `admissionPolicies: {allowedHostPaths: [/data/datasets], binders: ["system:serviceaccount:kai:kai-scheduler"]}`, "/data/datasets")
+	var bound error
+	err = wait.PollUntilContextTimeout(c.ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		bound = bind("kai-pod", nil)(ctx, as["kai"])
+		return bound == nil, nil
+	})
+	if err != nil {
+		t.Errorf("the listed scheduler could not bind its pod within a minute: %v", bound)
+	}
 	// What passed did what it said.
 	placed, err := c.client.CoreV1().Pods(ns).Get(c.ctx, "placed", metav1.GetOptions{})
 	if err != nil {
