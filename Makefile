@@ -18,7 +18,7 @@ demo-sim:
 	$(GO) run ./cmd/tessera sim --seeds 42-46
 
 ## test: every test of the repository (vet, formatting and the Prometheus rules first); the openb replays need ../shared.
-test: vet fmt-check rules apt-lists browser bin/prometheus
+test: vet fmt-check rules apt-lists browser bin/prometheus bin/kube-state-metrics
 	$(GO) test -count=1 -timeout 30m ./...
 
 # The image test fetches the agent's Debian packages with apt-get download,
@@ -55,6 +55,12 @@ bin/promtool: hack/tools/go.mod hack/tools/go.sum
 bin/prometheus: hack/tools/go.mod hack/tools/go.sum
 	@echo "building Prometheus from Go modules (hack/tools; a few minutes the first time)"
 	cd hack/tools && $(GO) build -tags remove_all_sd -o ../../bin/prometheus github.com/prometheus/prometheus/cmd/prometheus
+
+# kube-state-metrics at the version hack/tools/kube-state-metrics pins, for
+# the end-to-end test of the alerts that read the agent DaemonSet's state.
+bin/kube-state-metrics: hack/tools/kube-state-metrics/go.mod hack/tools/kube-state-metrics/go.sum
+	@echo "building kube-state-metrics from Go modules (hack/tools/kube-state-metrics; a minute or two the first time)"
+	cd hack/tools/kube-state-metrics && $(GO) build -o ../../../bin/kube-state-metrics k8s.io/kube-state-metrics/v2
 
 ## images: tessera-scheduler's and tessera-agent's OCI image archives, into out/images (no Docker, no registry; REGISTRY= to tag for yours).
 REGISTRY ?= ghcr.io/tessera-gpu
