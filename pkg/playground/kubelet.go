@@ -78,6 +78,9 @@ type kubelet struct {
 	// cgroupRoot holds the pods' cgroups (podCgroup), made before a pod's
 	// containers start, as kubelet's pod container manager does.
 	cgroupRoot string
+	// agentUp says whether the node's agent runs: its pod
+	// (Options.AgentDaemonSet) is ready only then.
+	agentUp func() bool
 
 	// nodeCtx is the node's life; each run of kubelet (between restarts)
 	// has its own, ended by runCancel, and runDone waits for its workers.
@@ -308,6 +311,9 @@ func (k *kubelet) stop(logger klog.Logger) {
 func (k *kubelet) registerNode(ctx context.Context) error {
 	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: k.node, Labels: map[string]string{
 		"kubernetes.io/hostname": k.node, "kubernetes.io/os": "linux", "tessera.dev/playground": "true",
+		// As NVIDIA's GPU feature discovery labels a GPU node: the
+		// agent DaemonSet's nodeSelector.
+		"nvidia.com/gpu.present": "true",
 	}}}
 	if _, err := k.client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("register node %s: %w", k.node, err)
@@ -771,7 +777,11 @@ func (k *kubelet) reportRunning(ctx context.Context, pod *v1.Pod, ids map[string
 	for _, t := range []v1.PodConditionType{v1.PodInitialized, v1.PodReady, v1.ContainersReady, v1.PodScheduled} {
 		setCondition(pod, t, v1.ConditionTrue, "")
 	}
-	_, err := k.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+	updated, err := k.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+	if err == nil && isAgentPod(updated) && !k.agentReady() {
+		// The node's agent is stopped: its container exits at once.
+		return k.reportAgent(ctx, updated)
+	}
 	return err
 }
 

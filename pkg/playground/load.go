@@ -49,6 +49,9 @@ type load struct {
 	stalled map[int]bool
 	// signals are those the agent sent to the simulated processes.
 	signals map[uint32][]syscall.Signal
+	// hung, while not nil, holds every utilization reading until it is
+	// closed: NVML hung, as on a GPU fallen off the bus.
+	hung chan struct{}
 }
 
 type gpuLoad struct {
@@ -100,6 +103,12 @@ func newLoad(srv *server.Server, procRoot string, firstPID uint32) (*load, error
 			return gonvml.Memory{Total: total, Used: used, Free: total - used}, gonvml.SUCCESS
 		}
 		d.GetUtilizationRatesFunc = func() (gonvml.Utilization, gonvml.Return) {
+			l.mu.Lock()
+			hung := l.hung
+			l.mu.Unlock()
+			if hung != nil {
+				<-hung
+			}
 			used, util := l.usage(i)
 			return gonvml.Utilization{Gpu: util, Memory: uint32(100 * used / total)}, gonvml.SUCCESS
 		}
@@ -310,6 +319,20 @@ func (l *load) signal(pid uint32, sig syscall.Signal) error {
 	}
 	l.signals[pid] = append(l.signals[pid], sig)
 	return nil
+}
+
+// hang holds every utilization reading from now on (on), or releases
+// those held and lets the next ones through.
+func (l *load) hang(on bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case on && l.hung == nil:
+		l.hung = make(chan struct{})
+	case !on && l.hung != nil:
+		close(l.hung)
+		l.hung = nil
+	}
 }
 
 // stall sets GPU i's clock event reasons to its power cap, or clears them.

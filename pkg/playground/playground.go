@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -82,6 +83,16 @@ type Options struct {
 	// RefusedGrace is how long the agents let a pod refused its GPUs hold
 	// its slots before deleting it (the agent's default when zero).
 	RefusedGrace time.Duration
+	// ReclaimTimeout is how long the scheduler waits for an agent's
+	// reclaim confirmation of a preemption victim (the shipped
+	// preemption.reclaimTimeout when zero).
+	ReclaimTimeout time.Duration
+	// AgentDaemonSet runs the chart's tessera-agent DaemonSet through
+	// kube-controller-manager's DaemonSet controller: each node's agent
+	// has its pod, which the node's kubelet reports ready while the agent
+	// runs and crash-looping while it is stopped, and the DaemonSet's
+	// status counts them, as kube-state-metrics reads them in a cluster.
+	AgentDaemonSet bool
 }
 
 // Models are the GPU models a playground node can have.
@@ -112,6 +123,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("scheduler replicas %d: want 0–3", o.SchedulerReplicas)
 	case o.MPSNodes > 0 && len(o.MPSControl) == 0:
 		return errors.New("MPS nodes need an MPS control program (MPSControl)")
+	case o.ReclaimTimeout < 0:
+		return fmt.Errorf("reclaim timeout %v: want a positive duration, or 0 for the shipped one", o.ReclaimTimeout)
 	}
 	_, err := newServer(o.Model, 1)
 	return err
@@ -150,6 +163,9 @@ type Node struct {
 	done      chan struct{}
 	// startAgent starts the node's agent (again).
 	startAgent func() error
+	// agentUp is whether the agent runs: its metrics endpoint answers
+	// and its pod (Options.AgentDaemonSet) is ready only then.
+	agentUp atomic.Bool
 }
 
 // MemoryLimit is the kernel GPU memory limit the driver holds for a pod on
@@ -202,6 +218,11 @@ type Cluster struct {
 	replicas   []*schedulerReplica
 	replicaSeq int
 	downOnce   sync.Once
+	// reclaimTimeout is Options.ReclaimTimeout, for every scheduler this
+	// playground starts.
+	reclaimTimeout time.Duration
+	// stopDaemonSets stops the DaemonSet controller (Options.AgentDaemonSet).
+	stopDaemonSets context.CancelFunc
 }
 
 // Up starts a playground and returns when every node serves its GPUs: its
@@ -210,7 +231,7 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	c := &Cluster{Dir: opts.Dir}
+	c := &Cluster{Dir: opts.Dir, reclaimTimeout: opts.ReclaimTimeout}
 	if c.Dir == "" {
 		if c.Dir, err = os.MkdirTemp("", "tessera-up-"); err != nil {
 			return nil, err
@@ -263,6 +284,11 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	if err := c.waitNodes(ctx, opts.GPUsPerNode); err != nil {
 		return nil, err
+	}
+	if opts.AgentDaemonSet {
+		if err := c.runAgentDaemonSet(ctx); err != nil {
+			return nil, fmt.Errorf("tessera-agent DaemonSet: %w", err)
+		}
 	}
 	return c, nil
 }
@@ -346,6 +372,7 @@ func (c *Cluster) startNode(ctx context.Context, opts Options, i int, mpsControl
 	}
 	n.kubelet = newKubelet(name, filepath.Join(dir, "kubelet"), noticeRoot, kubeletClient, n.load)
 	n.kubelet.cgroupRoot = n.CgroupRoot
+	n.kubelet.agentUp = n.agentUp.Load
 	n.PodResourcesSocket, n.CDIDir, n.MPSRoot = n.kubelet.podResourcesSocket(), filepath.Join(dir, "cdi"), filepath.Join(dir, "mps")
 	if err := n.kubelet.start(nctx); err != nil {
 		cancel()
@@ -358,8 +385,13 @@ func (c *Cluster) startNode(ctx context.Context, opts Options, i int, mpsControl
 		return nil, err
 	}
 	n.MetricsURL = fmt.Sprintf("http://%s/metrics", l.Addr())
-	// The endpoint outlives agent restarts, as a node's port does.
+	// The endpoint outlives agent restarts, as a node's port does; while
+	// the agent is stopped nothing answers there.
 	n.metrics = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !n.agentUp.Load() {
+			http.Error(w, "tessera-agent of node "+n.Name+" is not running", http.StatusServiceUnavailable)
+			return
+		}
 		n.agentMu.Lock()
 		a := n.agent
 		n.agentMu.Unlock()
@@ -420,6 +452,8 @@ func (c *Cluster) runAgent(nctx context.Context, opts Options, n *Node, mpsContr
 	n.agentMu.Unlock()
 	n.stopAgent, n.done = stopAgent, make(chan struct{})
 	done := n.done
+	n.agentUp.Store(true)
+	n.kubelet.agentChanged(nctx)
 	go func() {
 		defer close(done)
 		if err := a.Run(actx, n.kubelet.pluginDir(), ""); err != nil && actx.Err() == nil {
@@ -473,6 +507,8 @@ func (n *Node) RestartKubelet() error {
 func (n *Node) StopAgent() {
 	n.stopAgent()
 	<-n.done
+	n.agentUp.Store(false)
+	n.kubelet.agentChanged(n.kubelet.nodeCtx)
 }
 
 // Signals are the signals the node's agent sent its simulated GPU
@@ -491,6 +527,13 @@ func (n *Node) Signals() map[uint32][]syscall.Signal {
 // (on) or not: while it is busy, the agent counts the samples as stalls.
 func (n *Node) Stall(i int, on bool) {
 	n.load.stall(i, on)
+}
+
+// HangNVML makes the node's driver hang (on) in every utilization reading,
+// as NVML does on a GPU fallen off the bus: the agent's sampling pass does
+// not return. Off releases it.
+func (n *Node) HangNVML(on bool) {
+	n.load.hang(on)
 }
 
 // waitNodes waits until every node's inventory is published and its
@@ -521,7 +564,11 @@ func (c *Cluster) waitNodes(ctx context.Context, gpusPerNode int) error {
 func (c *Cluster) Down() {
 	c.downOnce.Do(func() {
 		logger := klog.Background()
+		if c.stopDaemonSets != nil {
+			c.stopDaemonSets()
+		}
 		for _, n := range c.Nodes {
+			n.load.hang(false) // an agent held in NVML could not stop
 			n.cancel()
 			<-n.done
 			if n.agent != nil && n.agent.MPS != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sync/atomic"
 	"time"
 
@@ -37,9 +38,18 @@ const (
 )
 
 // schedulerConfig is the shipped scheduler configuration for a cluster of
-// one scheduler, on this playground's API server.
-func schedulerConfig(kubeconfig string) string {
-	return deploy.StandaloneSchedulerConfig() + fmt.Sprintf("clientConnection: {kubeconfig: %q}\n", kubeconfig)
+// one scheduler, on this playground's API server, with reclaimTimeout for
+// preemption.reclaimTimeout when it is not zero.
+func schedulerConfig(kubeconfig string, reclaimTimeout time.Duration) (string, error) {
+	cfg := deploy.StandaloneSchedulerConfig()
+	if reclaimTimeout > 0 {
+		shipped := regexp.MustCompile(`(?m)^(\s+reclaimTimeout:) \S+$`)
+		if len(shipped.FindAllString(cfg, -1)) != 1 {
+			return "", errors.New("the shipped scheduler configuration has no single preemption.reclaimTimeout to set")
+		}
+		cfg = shipped.ReplaceAllString(cfg, "${1} "+reclaimTimeout.String())
+	}
+	return cfg + fmt.Sprintf("clientConnection: {kubeconfig: %q}\n", kubeconfig), nil
 }
 
 // startScheduler starts the playground's tessera-scheduler: one without an
@@ -85,7 +95,11 @@ func (c *Cluster) runScheduler(ctx context.Context) (done chan struct{}, err err
 		return nil, err
 	}
 	path := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(path, []byte(schedulerConfig(kubeconfig)), 0o600); err != nil {
+	cfg, err := schedulerConfig(kubeconfig, c.reclaimTimeout)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return nil, err
 	}
 	opts := options.NewOptions()
@@ -245,8 +259,10 @@ func (c *Cluster) RestartScheduler(ctx context.Context) (string, error) {
 	replicas := len(c.replicas)
 	c.schedMu.Unlock()
 	if replicas == 0 {
-		c.schedStop()
-		<-c.schedDone
+		if c.schedStop != nil { // not stopped by StopScheduler
+			c.schedStop()
+			<-c.schedDone
+		}
 		sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		done, err := c.runScheduler(sctx)
 		if err != nil {
@@ -273,7 +289,15 @@ func (c *Cluster) RestartScheduler(ctx context.Context) (string, error) {
 	return leader.identity, nil
 }
 
-// stopSchedulers stops every scheduler (Down).
+// StopScheduler stops every tessera-scheduler, replicas included, and
+// starts none in their place, as a cluster whose scheduler Deployment was
+// scaled to zero (or whose every replica crash-loops): GPU pods stay
+// pending and nothing answers on SchedulerMetricsURL.
+func (c *Cluster) StopScheduler() {
+	c.stopSchedulers()
+}
+
+// stopSchedulers stops every scheduler (Down, StopScheduler).
 func (c *Cluster) stopSchedulers() {
 	c.schedMu.Lock()
 	replicas := c.replicas
@@ -288,5 +312,6 @@ func (c *Cluster) stopSchedulers() {
 	if c.schedStop != nil {
 		c.schedStop()
 		<-c.schedDone
+		c.schedStop = nil
 	}
 }

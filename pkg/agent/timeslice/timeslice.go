@@ -101,14 +101,26 @@ func (n NvidiaSMI) SetTimeslice(ctx context.Context, uuid string, c Class) error
 // Recorder is a Setter that only remembers: the playground's, whose GPUs
 // are NVML mocks with no driver behind them.
 type Recorder struct {
-	mu  sync.Mutex
-	set map[string]Class
+	mu   sync.Mutex
+	set  map[string]Class
+	fail error
 }
 
-// SetTimeslice records c for uuid.
+// Fail makes every SetTimeslice from now on fail with err, as nvidia-smi
+// does on a driver that refuses the setting; nil makes them succeed again.
+func (r *Recorder) Fail(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fail = err
+}
+
+// SetTimeslice records c for uuid, or fails as Fail says.
 func (r *Recorder) SetTimeslice(_ context.Context, uuid string, c Class) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.fail != nil {
+		return r.fail
+	}
 	if r.set == nil {
 		r.set = map[string]Class{}
 	}

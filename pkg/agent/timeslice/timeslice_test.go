@@ -140,3 +140,22 @@ func TestManagerAppliesChangesOnlyAndRetriesLater(t *testing.T) {
 		t.Fatalf("Applied(B) = %v, %v", c, ok)
 	}
 }
+
+func TestRecorderFails(t *testing.T) {
+	var r Recorder
+	refused := errors.New("nvidia-smi: not supported")
+	r.Fail(refused)
+	if err := r.SetTimeslice(context.Background(), "GPU-a", 2); !errors.Is(err, refused) {
+		t.Fatalf("SetTimeslice while failing: %v, want %v", err, refused)
+	}
+	if _, ok := r.Get("GPU-a"); ok {
+		t.Error("a failed setting was recorded")
+	}
+	r.Fail(nil)
+	if err := r.SetTimeslice(context.Background(), "GPU-a", 2); err != nil {
+		t.Fatal(err)
+	}
+	if c, ok := r.Get("GPU-a"); !ok || c != 2 {
+		t.Errorf("after Fail(nil): %v %v, want class 2 recorded", c, ok)
+	}
+}
