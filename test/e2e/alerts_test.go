@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -41,21 +43,25 @@ func prometheusBinary(t *testing.T) string {
 	return p
 }
 
-// TestAlertsFireInARealPrometheus runs a real Prometheus against a
-// playground — scraping its agents and its scheduler as the ServiceMonitors
-// do, with the shipped rule file — injects faults, and waits for each
-// alert to go pending or firing, once (issue 39: promtool on recorded
-// series is not enough; a counter born at its first value made
-// TesseraInventoryErrors unable to fire, and agents re-exporting each
-// other's series made one MPS restart fire four times).
-func TestAlertsFireInARealPrometheus(t *testing.T) {
-	bin := prometheusBinary(t)
-	c, _ := up(t, playground.Options{Nodes: 2, GPUsPerNode: 2, Model: "h100", MPSNodes: 1})
-	dir := t.TempDir()
-	rules, err := filepath.Abs(filepath.Join("..", "..", "deploy", "prometheus", "tessera-rules.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
+// prometheus is a real Prometheus server the test started, with the
+// shipped rules, scraping a playground.
+type prometheus struct {
+	t   *testing.T
+	api string
+}
+
+// promAlert is one alert as Prometheus' /api/v1/alerts lists it.
+type promAlert struct {
+	Labels map[string]string `json:"labels"`
+	State  string            `json:"state"`
+}
+
+// tesseraScrapes are the scrape configurations of the playground's agents
+// and scheduler, as the chart's ServiceMonitors scrape them: the agents'
+// own labels win (honor_labels), the target's node added; the scheduler
+// over HTTPS.
+func tesseraScrapes(t *testing.T, c *playground.Cluster) string {
+	t.Helper()
 	var agents []string
 	for _, n := range c.Nodes {
 		u, err := url.Parse(n.MetricsURL)
@@ -68,126 +74,186 @@ func TestAlertsFireInARealPrometheus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// As the chart's ServiceMonitors scrape: the agents' own labels win
-	// (honor_labels), the target's node added; the scheduler over HTTPS.
-	config := fmt.Sprintf(`global: {scrape_interval: 1s, evaluation_interval: 1s}
-rule_files: [%q]
-scrape_configs:
-  - job_name: tessera-agent-metrics
+	return fmt.Sprintf(`  - job_name: tessera-agent-metrics
     honor_labels: true
     static_configs: [%s]
   - job_name: tessera-scheduler-metrics
     scheme: https
     tls_config: {insecure_skip_verify: true}
     static_configs: [{targets: [%q]}]
-`, rules, strings.Join(agents, ", "), sched.Host)
-	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(config), 0o600); err != nil {
+`, strings.Join(agents, ", "), sched.Host)
+}
+
+// shippedRules is the absolute path of the shipped rule file.
+func shippedRules(t *testing.T) string {
+	t.Helper()
+	rules, err := filepath.Abs(filepath.Join("..", "..", "deploy", "prometheus", "tessera-rules.yaml"))
+	if err != nil {
 		t.Fatal(err)
 	}
+	return rules
+}
+
+// freeAddr is a loopback address no one listens on now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.Addr().String()
-	l.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	prom := exec.CommandContext(ctx, bin, "--config.file", filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path", filepath.Join(dir, "data"),
-		"--web.listen-address", addr, "--log.level", "warn")
-	logFile, err := os.Create(filepath.Join(dir, "prometheus.log"))
-	if err != nil {
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// startPrometheus runs bin at a 1 s scrape and evaluation interval with
+// the rule file rules and the scrape configurations scrapes, until the test
+// ends; its log is shown when the test fails.
+func startPrometheus(t *testing.T, bin, rules, scrapes string) *prometheus {
+	t.Helper()
+	dir := t.TempDir()
+	config := fmt.Sprintf("global: {scrape_interval: 1s, evaluation_interval: 1s}\nrule_files: [%q]\nscrape_configs:\n%s", rules, scrapes)
+	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(config), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	prom.Stdout, prom.Stderr = logFile, logFile
-	if err := prom.Start(); err != nil {
+	addr := freeAddr(t)
+	startProcess(t, "Prometheus", bin, "--config.file", filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path", filepath.Join(dir, "data"),
+		"--web.listen-address", addr, "--log.level", "warn")
+	return &prometheus{t: t, api: "http://" + addr + "/api/v1/"}
+}
+
+// startProcess starts a server the test needs and stops it when the test
+// ends, showing its output if the test failed.
+func startProcess(t *testing.T, what, bin string, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := exec.CommandContext(ctx, bin, args...)
+	logFile, err := os.Create(filepath.Join(t.TempDir(), "log"))
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		cancel()
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		cancel()
-		_ = prom.Wait()
+		_ = cmd.Wait()
 		if t.Failed() {
 			b, _ := os.ReadFile(logFile.Name())
-			t.Logf("Prometheus' log:\n%s", b)
+			t.Logf("%s's log:\n%s", what, b)
 		}
 	})
-	api := "http://" + addr + "/api/v1/"
-	query := func(path string, v any) error {
-		resp, err := http.Get(api + path)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		return json.NewDecoder(resp.Body).Decode(v)
+}
+
+func (p *prometheus) get(path string, v any) error {
+	resp, err := http.Get(p.api + path)
+	if err != nil {
+		return err
 	}
-	waitUntil := func(what string, limit time.Duration, cond func() bool) time.Duration {
-		t.Helper()
-		start := time.Now()
-		for time.Since(start) < limit {
-			if cond() {
-				return time.Since(start)
-			}
-			time.Sleep(200 * time.Millisecond)
+	defer resp.Body.Close()
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// waitUntil polls cond until it holds, failing the test after limit; it
+// returns how long it took.
+func (p *prometheus) waitUntil(what string, limit time.Duration, cond func() bool) time.Duration {
+	p.t.Helper()
+	start := time.Now()
+	for time.Since(start) < limit {
+		if cond() {
+			return time.Since(start)
 		}
-		t.Fatalf("%s: not within %v", what, limit)
-		return 0
+		time.Sleep(200 * time.Millisecond)
 	}
-	// Every target up: both agents and the scheduler.
-	waitUntil("the playground's three targets up", 60*time.Second, func() bool {
-		var r struct {
-			Data struct {
-				Result []struct {
-					Value [2]any `json:"value"`
-				} `json:"result"`
-			} `json:"data"`
-		}
-		if err := query("query?query="+url.QueryEscape(`sum(up)`), &r); err != nil || len(r.Data.Result) != 1 {
-			return false
-		}
-		return r.Data.Result[0].Value[1] == "3"
+	p.t.Fatalf("%s: not within %v", what, limit)
+	return 0
+}
+
+// scalar is the value of an instant query that returns one sample.
+func (p *prometheus) scalar(query string) (string, bool) {
+	var r struct {
+		Data struct {
+			Result []struct {
+				Value [2]any `json:"value"`
+			} `json:"result"`
+		} `json:"data"`
+	}
+	if err := p.get("query?query="+url.QueryEscape(query), &r); err != nil || len(r.Data.Result) != 1 {
+		return "", false
+	}
+	v, ok := r.Data.Result[0].Value[1].(string)
+	return v, ok
+}
+
+// targetsUp waits until n targets are up, and then a few scrapes more, so
+// that counters are seen at their zeros before a fault raises them.
+func (p *prometheus) targetsUp(n int) {
+	p.t.Helper()
+	p.waitUntil(fmt.Sprintf("%d targets up", n), 60*time.Second, func() bool {
+		v, ok := p.scalar(`sum(up)`)
+		return ok && v == fmt.Sprint(n)
 	})
-	// A few scrapes at the counters' zeros first, so that an event is an
-	// increase.
 	time.Sleep(3 * time.Second)
-	type alert struct {
-		Labels map[string]string `json:"labels"`
-		State  string            `json:"state"`
+}
+
+func (p *prometheus) alerts() []promAlert {
+	var r struct {
+		Data struct {
+			Alerts []promAlert `json:"alerts"`
+		} `json:"data"`
 	}
-	alerts := func() []alert {
-		var r struct {
-			Data struct {
-				Alerts []alert `json:"alerts"`
-			} `json:"data"`
-		}
-		if err := query("alerts", &r); err != nil {
-			return nil
-		}
-		return r.Data.Alerts
+	if err := p.get("alerts", &r); err != nil {
+		return nil
 	}
-	// raised waits until name is pending or firing with the labels want,
-	// and checks it is raised once.
-	raised := func(name string, want map[string]string) time.Duration {
-		t.Helper()
-		var matching []alert
-		took := waitUntil(name+" pending or firing", 60*time.Second, func() bool {
-			matching = nil
-			for _, a := range alerts() {
-				if a.Labels["alertname"] != name {
-					continue
-				}
-				ok := true
-				for k, v := range want {
-					ok = ok && a.Labels[k] == v
-				}
-				if ok {
-					matching = append(matching, a)
-				}
+	return r.Data.Alerts
+}
+
+// raised waits up to limit until the alert name is pending or firing with
+// the labels want, checks it is raised once, and logs how long after since
+// (the fault) it was.
+func (p *prometheus) raised(name string, want map[string]string, since time.Time, limit time.Duration) {
+	p.t.Helper()
+	var matching []promAlert
+	p.waitUntil(name+" pending or firing", limit, func() bool {
+		matching = nil
+		for _, a := range p.alerts() {
+			if a.Labels["alertname"] != name {
+				continue
 			}
-			return len(matching) > 0
-		})
-		if len(matching) != 1 {
-			t.Errorf("%s raised %d times: %+v", name, len(matching), matching)
+			ok := true
+			for k, v := range want {
+				ok = ok && a.Labels[k] == v
+			}
+			if ok {
+				matching = append(matching, a)
+			}
 		}
-		t.Logf("%s %s %v after the fault", name, matching[0].State, took.Round(100*time.Millisecond))
-		return took
+		return len(matching) > 0
+	})
+	if len(matching) != 1 {
+		p.t.Errorf("%s raised %d times: %+v", name, len(matching), matching)
+	}
+	p.t.Logf("%s %s %v after the fault", name, matching[0].State, time.Since(since).Round(100*time.Millisecond))
+}
+
+// TestAlertsFireInARealPrometheus runs a real Prometheus against a
+// playground — scraping its agents and its scheduler as the ServiceMonitors
+// do, with the shipped rule file — injects faults, and waits for each
+// alert to go pending or firing, once (issue 39: promtool on recorded
+// series is not enough; a counter born at its first value made
+// TesseraInventoryErrors unable to fire, and agents re-exporting each
+// other's series made one MPS restart fire four times).
+func TestAlertsFireInARealPrometheus(t *testing.T) {
+	bin := prometheusBinary(t)
+	c, _ := up(t, playground.Options{Nodes: 2, GPUsPerNode: 2, Model: "h100", MPSNodes: 1})
+	p := startPrometheus(t, bin, shippedRules(t), tesseraScrapes(t, c))
+	// Every target up: both agents and the scheduler.
+	p.targetsUp(3)
+	raised := func(name string, want map[string]string) {
+		t.Helper()
+		p.raised(name, want, time.Now(), 60*time.Second)
 	}
 
 	mpsNode, tsNode := c.Nodes[0], c.Nodes[1]
@@ -260,4 +326,163 @@ scrape_configs:
 		t.Fatal(err)
 	}
 	raised("TesseraOrphanedGPUPods", nil)
+}
+
+// kubeStateMetricsBinary is kube-state-metrics as `make test` builds it
+// from Go modules (bin/kube-state-metrics, the version
+// hack/tools/kube-state-metrics pins), or $TESSERA_KUBE_STATE_METRICS.
+func kubeStateMetricsBinary(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("TESSERA_KUBE_STATE_METRICS"); p != "" {
+		return p
+	}
+	p, err := filepath.Abs(filepath.Join("..", "..", "bin", "kube-state-metrics"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Skipf("no kube-state-metrics at %s: `make test` (or `make bin/kube-state-metrics`) builds it from Go modules", p)
+	}
+	return p
+}
+
+// shortened is the shipped rule file with each of the bounds in short
+// (an expression's text → its replacement) shortened, written where the
+// test's Prometheus reads it; a bound not found once fails the test, so
+// a change to the rule shows here.
+func shortened(t *testing.T, short map[string]string) string {
+	t.Helper()
+	b, err := os.ReadFile(shippedRules(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := string(b)
+	for from, to := range short {
+		if n := strings.Count(rules, from); n != 1 {
+			t.Fatalf("the shipped rules hold %q %d times, want once", from, n)
+		}
+		rules = strings.Replace(rules, from, to, 1)
+	}
+	path := filepath.Join(t.TempDir(), "tessera-rules.yaml")
+	if err := os.WriteFile(path, []byte(rules), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestComponentAlertsFireInARealPrometheus raises, in a real Prometheus,
+// the alerts the first test's faults do not: the agents' and the
+// scheduler's own failures, preemption's, and the agent DaemonSet's state
+// as kube-state-metrics (built from Go modules, run against the
+// playground) exports it — the agent pods made by kube-controller-manager's
+// DaemonSet controller. Each alert's rule is the shipped one; only
+// TesseraGPUPodsPendingLong's 15 minutes are cut to 10 s.
+func TestComponentAlertsFireInARealPrometheus(t *testing.T) {
+	bin := prometheusBinary(t)
+	ksm := kubeStateMetricsBinary(t)
+	c, _ := up(t, playground.Options{Nodes: 3, GPUsPerNode: 1, Model: "h200", ReclaimTimeout: 3 * time.Second, AgentDaemonSet: true})
+	// kube-state-metrics as kube-prometheus-stack runs it, on the
+	// resources the alerts read; scraped with honor_labels, as there.
+	ksmAddr, ksmTelemetry := freeAddr(t), freeAddr(t)
+	host, port, _ := net.SplitHostPort(ksmAddr)
+	_, tport, _ := net.SplitHostPort(ksmTelemetry)
+	startProcess(t, "kube-state-metrics", ksm, "--kubeconfig", c.Kubeconfig, "--resources", "daemonsets,pods",
+		"--host", host, "--port", port, "--telemetry-host", host, "--telemetry-port", tport)
+	scrapes := tesseraScrapes(t, c) + fmt.Sprintf(`  - job_name: kube-state-metrics
+    honor_labels: true
+    static_configs: [{targets: [%q]}]
+`, ksmAddr)
+	rules := shortened(t, map[string]string{
+		"tessera_scheduler_pending_gpu_pod_age_seconds > 900": "tessera_scheduler_pending_gpu_pod_age_seconds > 10",
+	})
+	p := startPrometheus(t, bin, rules, scrapes)
+	// Three agents, the scheduler and kube-state-metrics.
+	p.targetsUp(5)
+	// kube-state-metrics sees the DaemonSet with all three agents ready.
+	p.waitUntil("kube-state-metrics' tessera-agent DaemonSet", 30*time.Second, func() bool {
+		v, ok := p.scalar(`kube_daemonset_status_number_ready{daemonset="tessera-agent"}`)
+		return ok && v == "3"
+	})
+	hung, failing, stuck := c.Nodes[0], c.Nodes[1], c.Nodes[2]
+	const ns = "component-alerts"
+
+	// NVML hangs on one node (which takes no pods from now on): its
+	// agent's sampling pass does not return. Checked last: the rule waits
+	// a minute of silence.
+	cordon(t, c.Client, hung.Name, true)
+	hung.HangNVML(true)
+	hungAt := time.Now()
+
+	// A GPU pod that no node can take (two GPUs; each node has one).
+	at := time.Now()
+	if err := playground.Submit(context.Background(), c.Client, ns, []playground.PodSpec{
+		{Name: "too-big", GPUs: 2, Sharing: gpu.ModeExclusive}}); err != nil {
+		t.Fatal(err)
+	}
+	p.raised("TesseraGPUPodsPendingLong", nil, at, 60*time.Second)
+
+	// The driver of the second node refuses time-slice classes; an
+	// inference tenant arrives there, so the agent sets its GPU's class.
+	failing.TimeSlices.Fail(errors.New("nvidia-smi: Setting the compute policy is not supported on this GPU"))
+	cordon(t, c.Client, stuck.Name, true)
+	at = time.Now()
+	if err := playground.Submit(context.Background(), c.Client, ns, []playground.PodSpec{
+		{Name: "infer", GPUs: 1, MemoryMiB: 8192, Cores: 30, Sharing: gpu.ModeTimeSlicing, Workload: gpu.WorkloadInference}}); err != nil {
+		t.Fatal(err)
+	}
+	waitRunning(t, c.Client, ns, []string{"infer"}, 30*time.Second)
+	p.raised("TesseraTimeSliceFailures", map[string]string{"node": failing.Name, "gpu": "0"}, at, 60*time.Second)
+
+	// A preemption victim on the third node leaves a process that
+	// survives SIGKILL: the agent cannot reclaim it, and the scheduler,
+	// after its (here 3 s) reclaim timeout, releases the victim's GPU
+	// without the confirmation.
+	cordon(t, c.Client, failing.Name, true)
+	cordon(t, c.Client, stuck.Name, false)
+	create(t, c.Client, wholeGPU(ns, "victim", "gpu-batch", map[string]string{
+		playground.AnnotationOnPreemption: "exit", playground.AnnotationLeftover: "unkillable"}))
+	waitRunning(t, c.Client, ns, []string{"victim"}, 30*time.Second)
+	at = time.Now()
+	create(t, c.Client, wholeGPU(ns, "urgent", "gpu-critical", nil))
+	p.raised("TesseraReclaimStuck", map[string]string{"node": stuck.Name}, at, 60*time.Second)
+	p.raised("TesseraReclaimTimedOut", nil, at, 60*time.Second)
+
+	// The second node's agent stops, as a crashed agent pod: its metrics
+	// endpoint stops answering, its pod is not ready, and the DaemonSet
+	// has one ready agent fewer than it wants.
+	at = time.Now()
+	failing.StopAgent()
+	p.raised("TesseraAgentDown", map[string]string{"node": failing.Name}, at, 60*time.Second)
+	p.raised("TesseraAgentNotReady", map[string]string{"node": failing.Name, "namespace": deploy.Namespace}, at, 60*time.Second)
+	p.raised("TesseraAgentsMissing", map[string]string{"daemonset": "tessera-agent"}, at, 60*time.Second)
+
+	// No scheduler runs any more.
+	at = time.Now()
+	c.StopScheduler()
+	p.raised("TesseraSchedulerDown", nil, at, 60*time.Second)
+
+	p.raised("TesseraAgentSamplingStalled", map[string]string{"node": hung.Name}, hungAt, 3*time.Minute)
+}
+
+// TestEveryShippedAlertIsRaisedHere keeps the two tests above complete:
+// every alert of the shipped rule file is raised by one of them, so a new
+// alert comes with its fault (issue 39).
+func TestEveryShippedAlertIsRaisedHere(t *testing.T) {
+	rules, err := os.ReadFile(shippedRules(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile("alerts_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := regexp.MustCompile(`(?m)^\s+- alert: (\w+)$`).FindAllStringSubmatch(string(rules), -1)
+	if len(names) < 17 {
+		t.Fatalf("found %d alerts in the shipped rules; the pattern no longer matches the file", len(names))
+	}
+	for _, m := range names {
+		if !strings.Contains(string(src), `raised("`+m[1]+`"`) {
+			t.Errorf("alert %s is raised by no end-to-end test here", m[1])
+		}
+	}
 }
