@@ -3,20 +3,24 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"maps"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/component-base/metrics"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
@@ -132,7 +136,9 @@ func oneGPUNodes(t *testing.T) ([]*v1.Node, []*v1.Pod) {
 	garbage.Annotations[gpu.AnnotationInventory] = `{"v":"v1","gpus":[`
 	noSlots := inventoryNode(t, testInventory("no-slots", 1, 81920, false))
 	noSlots.Status.Allocatable[gpu.ResourceGPU] = resource.MustParse("0")
-	return []*v1.Node{full, free, bare, garbage, noSlots}, []*v1.Pod{gpuPod(t, "holder", "full", 0)}
+	sick := testInventory("unhealthy", 1, 81920, false)
+	sick.GPUs[0].Healthy = false
+	return []*v1.Node{full, free, bare, garbage, noSlots, inventoryNode(t, sick)}, []*v1.Pod{gpuPod(t, "holder", "full", 0)}
 }
 
 func TestPreFilter(t *testing.T) {
@@ -195,6 +201,9 @@ func TestFilter(t *testing.T) {
 		{"bare", fwk.UnschedulableAndUnresolvable, "is tessera-agent running there?"},
 		{"garbage", fwk.UnschedulableAndUnresolvable, "is unreadable (see the node's InvalidGPUInventory event)"},
 		{"no-slots", fwk.Unschedulable, reasonInsufficientSlots},
+		// The node's GPUs alone refuse it: no eviction helps, so
+		// preemption passes the node by.
+		{"unhealthy", fwk.UnschedulableAndUnresolvable, allocator.NoHealthyGPU.Message()},
 	} {
 		t.Run(c.node, func(t *testing.T) {
 			st := h.p.Filter(h.ctx, state, pod, h.nodeInfo(c.node))
@@ -206,6 +215,11 @@ func TestFilter(t *testing.T) {
 	// The cluster-wide tally PostFilter reports.
 	if got := readState(state).rejected.dominant(); got == "Other" {
 		t.Fatalf("no reason tallied")
+	}
+	// A cycle without PreFilter's state is a bug to report, not a fit.
+	st = h.p.Filter(h.ctx, framework.NewCycleState(), pod, h.nodeInfo("free"))
+	if st.Code() != fwk.Error || !errors.Is(st.AsError(), errNoCycleState) {
+		t.Fatalf("Filter without PreFilter's state = %v %q, want an Error naming the missing state", st.Code(), st.Message())
 	}
 }
 
@@ -379,4 +393,52 @@ func TestPostFilterNotifiesTheVictim(t *testing.T) {
 	if err != nil || n == nil || n.PreemptorUID != string(urgent.UID) || n.Node != "n1" || n.Deadline.Sub(n.NoticeAt) != 30*time.Second {
 		t.Fatalf("victim's notice %+v, %v", n, err)
 	}
+}
+
+// TestPendingCollectorSumsLiveInstances: each plugin instance keeps its
+// own pending pods; the one collector sums the instances alive and drops
+// one whose scheduler stopped.
+func TestPendingCollectorSumsLiveInstances(t *testing.T) {
+	nodes, pods := oneGPUNodes(t)
+	waiting := []*v1.Pod{wholeGPUPod("a", "2"), wholeGPUPod("b", "2"), wholeGPUPod("c", "1")}
+	h1 := newHarness(t, "", nodes, append(pods, waiting...)...)
+	h2 := newHarness(t, "", nodes, append(pods, waiting...)...)
+	h1.p.pending.set(waiting[0], "NotEnoughWholeGPUs")
+	h2.p.pending.set(waiting[1], "NotEnoughWholeGPUs")
+	h2.p.pending.set(waiting[2], "NoHealthyGPU")
+	c := &pendingCollector{}
+	c.track(h1.ctx, &h1.p.pending, h1.p.pods)
+	ctx2, stop2 := context.WithCancel(h2.ctx)
+	c.track(ctx2, &h2.p.pending, h2.p.pods)
+	if got, want := pendingPods(t, c), map[string]float64{"NoHealthyGPU": 1, "NotEnoughWholeGPUs": 2}; !maps.Equal(got, want) {
+		t.Fatalf("pending GPU pods %v, want %v", got, want)
+	}
+	stop2()
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return maps.Equal(pendingPods(t, c), map[string]float64{"NotEnoughWholeGPUs": 1}), nil
+	})
+	if err != nil {
+		t.Fatalf("the stopped instance's pending pods are still exported: %v", pendingPods(t, c))
+	}
+}
+
+// pendingPods is tessera_scheduler_pending_gpu_pods as c exports it, by
+// reason.
+func pendingPods(t *testing.T, c *pendingCollector) map[string]float64 {
+	t.Helper()
+	ch := make(chan metrics.Metric, 100)
+	c.CollectWithStability(ch)
+	close(ch)
+	out := map[string]float64{}
+	for m := range ch {
+		var d dto.Metric
+		if err := m.Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(m.Desc().String(), `"tessera_scheduler_pending_gpu_pods"`) {
+			continue
+		}
+		out[d.GetLabel()[0].GetValue()] = d.GetGauge().GetValue()
+	}
+	return out
 }

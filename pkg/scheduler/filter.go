@@ -20,7 +20,10 @@ import (
 func (p *Plugin) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
 	s := readState(state)
 	if s == nil {
-		return nil
+		// PreFilter writes the state of every pod it does not skip, and
+		// the framework runs no Filter after a Skip: a missing state is a
+		// bug, not a node that fits.
+		return fwk.AsStatus(errNoCycleState)
 	}
 	if s.timed {
 		defer observeSince(filterDuration, time.Now())
@@ -55,7 +58,14 @@ func (p *Plugin) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, 
 		if logger := klog.FromContext(ctx).V(4); logger.Enabled() {
 			logger.Info("GPU pod does not fit the node", "pod", klog.KObj(pod), "node", name, "reason", reason.String())
 		}
-		return fwk.NewStatus(fwk.Unschedulable, reason.Code.Message())
+		// A refusal that follows from the node's GPUs alone (their health,
+		// models, modes, kernel limits) no eviction can lift: preemption
+		// skips such nodes, as it skips those other plugins mark so.
+		code := fwk.Unschedulable
+		if reason.Code.FromInventory() {
+			code = fwk.UnschedulableAndUnresolvable
+		}
+		return fwk.NewStatus(code, reason.Code.Message())
 	}
 	// Only where the allocator finds room: a node it refuses needs no
 	// second look.

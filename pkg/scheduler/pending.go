@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -155,23 +156,34 @@ var (
 		[]string{"reason"}, nil, metrics.ALPHA, "")
 )
 
-// pendingCollector exports pendingReasons at each scrape. One scheduler
-// process has one (its profiles share the registry); the newest plugin's
-// pod lister is the one it reads.
+// pendingCollector exports, at each scrape, the pending GPU pods of every
+// plugin instance alive (each profile's plugin keeps its own
+// pendingReasons; a scheduler restarted in the same process, as in tests,
+// leaves none behind): one collector, since the instances share a
+// registry.
 type pendingCollector struct {
 	metrics.BaseStableCollector
-	reasons pendingReasons
 
-	mu   sync.Mutex
-	pods corelisters.PodLister
+	mu      sync.Mutex
+	sources map[*pendingReasons]corelisters.PodLister
 }
 
 var pending = &pendingCollector{}
 
-func (c *pendingCollector) setPods(pods corelisters.PodLister) {
+// track exports r, whose pods pods lists, until ctx ends.
+func (c *pendingCollector) track(ctx context.Context, r *pendingReasons, pods corelisters.PodLister) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.pods = pods
+	if c.sources == nil {
+		c.sources = map[*pendingReasons]corelisters.PodLister{}
+	}
+	c.sources[r] = pods
+	go func() {
+		<-ctx.Done()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		delete(c.sources, r)
+	}()
 }
 
 func (c *pendingCollector) DescribeWithStability(ch chan<- *metrics.Desc) {
@@ -181,13 +193,24 @@ func (c *pendingCollector) DescribeWithStability(ch chan<- *metrics.Desc) {
 
 func (c *pendingCollector) CollectWithStability(ch chan<- metrics.Metric) {
 	c.mu.Lock()
-	pods := c.pods
+	sources := make(map[*pendingReasons]corelisters.PodLister, len(c.sources))
+	for r, pods := range c.sources {
+		sources[r] = pods
+	}
 	c.mu.Unlock()
-	if pods == nil {
-		return
+	all := map[string]pendingCount{}
+	for r, pods := range sources {
+		for reason, n := range r.counts(pods) {
+			a := all[reason]
+			a.pods += n.pods
+			if a.oldest.IsZero() || n.oldest.Before(a.oldest) {
+				a.oldest = n.oldest
+			}
+			all[reason] = a
+		}
 	}
 	now := time.Now()
-	for reason, n := range c.reasons.counts(pods) {
+	for reason, n := range all {
 		ch <- metrics.NewLazyConstMetric(pendingDesc, metrics.GaugeValue, float64(n.pods), reason)
 		ch <- metrics.NewLazyConstMetric(pendingAgeDesc, metrics.GaugeValue, now.Sub(n.oldest).Seconds(), reason)
 	}

@@ -7,7 +7,9 @@
 //   - prefilter.go: PreFilter parses the pod's request once and refuses a
 //     malformed one as UnschedulableAndUnresolvable, with a reason the pod's
 //     owner can act on (nominated.go: the nominated pods it counts);
-//   - filter.go: Filter asks the allocator whether the pod fits a node;
+//   - filter.go: Filter asks the allocator whether the pod fits a node
+//     (UnschedulableAndUnresolvable where the node's GPUs alone refuse it,
+//     which no eviction changes; Unschedulable where bookings do);
 //   - score.go: Score and NormalizeScore rank nodes by the configured policy;
 //   - reserve.go: Reserve books the GPUs under the node's lock, Unreserve
 //     releases them;
@@ -25,6 +27,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -60,6 +63,9 @@ type Plugin struct {
 	preemptCfg config.PreemptionConfig
 	pods       corelisters.PodLister
 	pdbs       policylisters.PodDisruptionBudgetLister
+	// pending are this instance's GPU pods that found no node, for the
+	// pending collector.
+	pending pendingReasons
 	*shared
 }
 
@@ -133,7 +139,7 @@ func newPlugin(ctx context.Context, obj runtime.Object, h fwk.Handle, controller
 	factory := h.SharedInformerFactory()
 	p := &Plugin{handle: h, queue: h, cfg: cfg, preemptCfg: all.Preemption,
 		pods: factory.Core().V1().Pods().Lister(), pdbs: factory.Policy().V1().PodDisruptionBudgets().Lister()}
-	pending.setPods(p.pods)
+	pending.track(ctx, &p.pending, p.pods)
 
 	sharedMu.Lock()
 	defer sharedMu.Unlock()
@@ -242,6 +248,12 @@ func (s *stateData) Clone() fwk.StateData {
 	return &c
 }
 
+// errNoCycleState is Filter's error for a GPU pod whose cycle has no
+// PreFilter state.
+var errNoCycleState = errors.New(Name + ": no PreFilter state in the scheduling cycle (PreFilter did not run, or another plugin overwrote its key)")
+
+// readState is the cycle's state that PreFilter wrote, or nil where
+// PreFilter skipped the pod (no GPU asked) or did not run.
 func readState(state fwk.CycleState) *stateData {
 	d, err := state.Read(stateKey)
 	if err != nil {

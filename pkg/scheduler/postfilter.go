@@ -33,7 +33,7 @@ func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.P
 		return nil, fwk.NewStatus(fwk.Unschedulable)
 	}
 	p.accountExcluded(s)
-	pending.reasons.set(pod, s.rejected.dominant())
+	p.pending.set(pod, s.rejected.dominant())
 	if s.rejected != nil && s.rejected.behind.Load() {
 		p.waiting.add(p.cache, p.queue, pod, s.freedAt, klog.FromContext(ctx))
 	}

@@ -29,7 +29,7 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	req, err := p.request(pod)
 	if err != nil {
 		rejectedInvalid.Inc()
-		pending.reasons.set(pod, "InvalidRequest")
+		p.pending.set(pod, "InvalidRequest")
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
 	}
 	// A pod asking more GPUs than any node has fits nowhere: said once here,
@@ -37,7 +37,7 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	// until a node with more GPUs joins.
 	if most := p.cache.MostGPUs(); most > 0 && req.GPUs() > most {
 		rejectedTooManyGPUs.Inc()
-		pending.reasons.set(pod, "TooManyGPUs")
+		p.pending.set(pod, "TooManyGPUs")
 		p.waitIfBehind(ctx, pod, nodes, freedAt)
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, fmt.Sprintf(
 			"the pod asks for %d GPUs on one node, but the node with the most GPUs has %d; it waits until a node with more joins (or ask for fewer)", req.GPUs(), most))

@@ -26,7 +26,7 @@ func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 		return fwk.NewStatus(fwk.Unschedulable, reason.String())
 	}
 	s.assignment = asg
-	pending.reasons.placed(pod.UID)
+	p.pending.placed(pod.UID)
 	p.waiting.forget(pod.UID)
 	klog.FromContext(ctx).V(4).Info("Reserved GPUs", "pod", klog.KObj(pod), "node", nodeName, "assignment", asg)
 	return nil
