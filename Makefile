@@ -123,7 +123,7 @@ soak:
 FUZZEXECS ?= 1000000
 FUZZ_TARGETS = ./pkg/gpu/:FuzzDecodeAssignment ./pkg/gpu/:FuzzDecodeInventory ./pkg/gpu/:FuzzParseModelList \
 	./pkg/gpu/:FuzzParseSliceGuarantees ./pkg/apis/config/:FuzzLoad ./pkg/sim/:FuzzParsePods ./pkg/sim/:FuzzParseNodes \
-	./pkg/agent/tenants/:FuzzParseCgroup ./pkg/forecast/:FuzzFit ./pkg/preemption/:FuzzAnnotations ./pkg/scheduler/:FuzzDecodeArgs \
+	./pkg/cgroup/:FuzzParse ./pkg/forecast/:FuzzFit ./pkg/preemption/:FuzzAnnotations ./pkg/scheduler/:FuzzDecodeArgs \
 	./pkg/patch/:FuzzAnnotations ./pkg/podgpu/:FuzzRequest
 fuzz:
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; name=$${t##*:}; \

@@ -15,8 +15,8 @@ import (
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/tessera-gpu/tessera/pkg/agent/mps"
-	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
 	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
+	"github.com/tessera-gpu/tessera/pkg/nvml"
 )
 
 // exitNoDriver: NVML could not be loaded (no NVIDIA driver here).

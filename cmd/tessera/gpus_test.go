@@ -12,7 +12,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
 	"sigs.k8s.io/yaml"
 
-	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
+	"github.com/tessera-gpu/tessera/pkg/nvml/nvmltest"
 )
 
 // useMockH200 points tessera gpus at a DGX H200 mock for the test: busy

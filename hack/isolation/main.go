@@ -24,7 +24,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/agent/memlimit"
 	"github.com/tessera-gpu/tessera/pkg/agent/mps"
-	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
+	"github.com/tessera-gpu/tessera/pkg/nvml"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 )
 

@@ -1,4 +1,4 @@
-// Package agent wires the node agent together: NVML (pkg/agent/nvml), fault
+// Package agent wires the node agent together: NVML (pkg/nvml), fault
 // handling (health), the device plugin, the MPS daemons, the metrics sampler
 // and the inventory it publishes for the scheduler. Each part is its own
 // package with its own tests; this one only connects them.
@@ -38,13 +38,13 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent/memlimit"
 	"github.com/tessera-gpu/tessera/pkg/agent/metrics"
 	"github.com/tessera-gpu/tessera/pkg/agent/mps"
-	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
 	"github.com/tessera-gpu/tessera/pkg/agent/reclaim"
 	"github.com/tessera-gpu/tessera/pkg/agent/tenants"
 	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/inventory"
+	"github.com/tessera-gpu/tessera/pkg/nvml"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
 	"github.com/tessera-gpu/tessera/pkg/version"
 )

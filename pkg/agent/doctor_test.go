@@ -13,9 +13,9 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/doctor"
+	"github.com/tessera-gpu/tessera/pkg/nvml/nvmltest"
 )
 
 // TestDoctorFromTheAgent: the agent runs the doctor's node checks on its

@@ -21,9 +21,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/nvml/nvmltest"
 )
 
 // isolationNode is an agent on a DGX H100 mock whose GPUs offer kernel

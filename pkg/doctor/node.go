@@ -12,7 +12,7 @@ import (
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
+	"github.com/tessera-gpu/tessera/pkg/nvml"
 )
 
 // Versions that bring what Tessera uses, checked against the version that

@@ -22,7 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/tessera-gpu/tessera/pkg/agent/mps"
-	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
+	"github.com/tessera-gpu/tessera/pkg/nvml/nvmltest"
 )
 
 // healthyNode is a recorded GPU node where everything is as Tessera wants

@@ -14,8 +14,8 @@ import (
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"sigs.k8s.io/yaml"
 
-	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
-	"github.com/tessera-gpu/tessera/pkg/agent/tenants"
+	"github.com/tessera-gpu/tessera/pkg/cgroup"
+	"github.com/tessera-gpu/tessera/pkg/nvml"
 )
 
 // Paths on a node, relative to its root (fs.FS paths have no leading /).
@@ -245,7 +245,7 @@ func gpuProcess(root fs.FS, pid uint32) GPUProcess {
 		p.Err = err
 		return p
 	}
-	if ref, err := tenants.ParseCgroup(string(b)); err == nil {
+	if ref, err := cgroup.Parse(string(b)); err == nil {
 		p.PodUID = ref.PodUID
 	}
 	return p

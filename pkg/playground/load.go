@@ -17,8 +17,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/nvml/nvmltest"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
 )
 

@@ -21,7 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/tessera-gpu/tessera/pkg/agent/tenants"
+	"github.com/tessera-gpu/tessera/pkg/cgroup"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/inventory"
 	"github.com/tessera-gpu/tessera/pkg/playground"
@@ -398,7 +398,7 @@ func processesOf(t *testing.T, n *playground.Node, podUID string) []uint32 {
 			if err != nil {
 				continue
 			}
-			if ref, err := tenants.ParseCgroup(string(b)); err == nil && ref.PodUID == podUID {
+			if ref, err := cgroup.Parse(string(b)); err == nil && ref.PodUID == podUID {
 				out = append(out, p.Pid)
 			}
 		}

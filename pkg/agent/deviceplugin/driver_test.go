@@ -11,9 +11,9 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/agent/driverspec"
 	"github.com/tessera-gpu/tessera/pkg/agent/driverspec/driverspectest"
-	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
-	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/nvml"
+	"github.com/tessera-gpu/tessera/pkg/nvml/nvmltest"
 )
 
 // TestSlotSpecsGiveExactlyTheAssignedGPUs: the slot specs of a container

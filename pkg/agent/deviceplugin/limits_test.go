@@ -16,9 +16,9 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
 	"github.com/tessera-gpu/tessera/pkg/agent/memlimit"
-	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
-	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/nvml"
+	"github.com/tessera-gpu/tessera/pkg/nvml/nvmltest"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
 )
 

@@ -9,8 +9,8 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/privatemount"
 	"github.com/tessera-gpu/tessera/pkg/agent/driverspec/driverspectest"
-	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
-	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
+	"github.com/tessera-gpu/tessera/pkg/nvml"
+	"github.com/tessera-gpu/tessera/pkg/nvml/nvmltest"
 )
 
 func TestMain(m *testing.M) {

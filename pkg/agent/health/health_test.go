@@ -8,7 +8,7 @@ import (
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
+	"github.com/tessera-gpu/tessera/pkg/nvml"
 )
 
 func xid(uuid string, code uint64) nvml.Event {

@@ -12,8 +12,8 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
-	"github.com/tessera-gpu/tessera/pkg/agent/tenants"
+	"github.com/tessera-gpu/tessera/pkg/cgroup"
+	"github.com/tessera-gpu/tessera/pkg/nvml"
 )
 
 // NVML is what the limiter needs of the driver (nvml.Client).
@@ -71,7 +71,7 @@ func scanPods(dir string, depth int, out map[string]string) error {
 			continue
 		}
 		path := filepath.Join(dir, e.Name())
-		if uid, ok := tenants.PodUIDOfSegment(e.Name()); ok {
+		if uid, ok := cgroup.PodUIDOfSegment(e.Name()); ok {
 			out[uid] = path
 			continue
 		}

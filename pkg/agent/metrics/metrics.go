@@ -1,5 +1,5 @@
 // Package metrics is the agent's Prometheus view of its GPUs: one sampling
-// pass reads every GPU through pkg/agent/nvml, names each GPU process's pod
+// pass reads every GPU through pkg/nvml, names each GPU process's pod
 // container through pkg/agent/tenants, folds in health and slice counts, and
 // replaces the snapshot a scrape reads. Scrapes never touch NVML, so a slow
 // or hung driver call delays the next snapshot, not Prometheus.
@@ -30,9 +30,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tessera-gpu/tessera/pkg/agent/health"
-	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
 	"github.com/tessera-gpu/tessera/pkg/agent/tenants"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/nvml"
 )
 
 // Stall is the stall ratio of one GPU: among the samples of the last window

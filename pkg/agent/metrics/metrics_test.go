@@ -24,9 +24,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/pkg/agent/health"
-	"github.com/tessera-gpu/tessera/pkg/agent/nvml"
-	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
 	"github.com/tessera-gpu/tessera/pkg/agent/tenants"
+	"github.com/tessera-gpu/tessera/pkg/nvml"
+	"github.com/tessera-gpu/tessera/pkg/nvml/nvmltest"
 )
 
 // node is a DGX H100 mock where GPU 2 is shared by two pods (one with two

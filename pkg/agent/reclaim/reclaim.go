@@ -16,7 +16,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/tessera-gpu/tessera/pkg/agent/tenants"
+	"github.com/tessera-gpu/tessera/pkg/cgroup"
 )
 
 // GPUs lists the processes with a compute context on a GPU (the agent's
@@ -120,7 +120,7 @@ func (r *Reclaimer) podOf(pid uint32) string {
 	if err != nil {
 		return ""
 	}
-	ref, err := tenants.ParseCgroup(string(b))
+	ref, err := cgroup.Parse(string(b))
 	if err != nil {
 		return ""
 	}

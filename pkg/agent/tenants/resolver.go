@@ -1,3 +1,9 @@
+// Package tenants maps a GPU process to the pod and container it runs in, so
+// every tenant of a shared GPU gets its own metric series. NVML reports
+// process IDs; a process's cgroup (/proc/<pid>/cgroup, readable with the
+// host's PID namespace; pkg/cgroup reads it) names its pod UID and container
+// ID under the kubelet's kubepods hierarchy, and the node's pods (from the
+// API server) turn those into namespace, pod and container names.
 package tenants
 
 import (
@@ -9,6 +15,8 @@ import (
 	"sync"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/tessera-gpu/tessera/pkg/cgroup"
 )
 
 // Tenant is the pod container a GPU process belongs to.
@@ -53,7 +61,7 @@ func (r *Resolver) Resolve(pids []uint32) map[uint32]Tenant {
 		if err != nil {
 			continue
 		}
-		ref, err := ParseCgroup(string(data))
+		ref, err := cgroup.Parse(string(data))
 		if err != nil {
 			continue
 		}

@@ -1,10 +1,8 @@
-// Package tenants maps a GPU process to the pod and container it runs in, so
-// every tenant of a shared GPU gets its own metric series. NVML reports
-// process IDs; a process's cgroup (/proc/<pid>/cgroup, readable with the
-// host's PID namespace) names its pod UID and container ID under the kubelet's
-// kubepods hierarchy, and the node's pods (from the API server) turn those
-// into namespace, pod and container names.
-package tenants
+// Package cgroup reads where a process runs from its cgroup: the pod UID
+// and container ID that kubelet's kubepods hierarchy names (either cgroup
+// driver, cgroup v1 or v2). The agent and tessera doctor node both map GPU
+// processes to pods with it; it does no I/O.
+package cgroup
 
 import (
 	"errors"
@@ -12,8 +10,8 @@ import (
 	"strings"
 )
 
-// CgroupRef is what a process's cgroup says about where it runs.
-type CgroupRef struct {
+// Ref is what a process's cgroup says about where it runs.
+type Ref struct {
 	// PodUID is the pod's UID, with dashes.
 	PodUID string
 	// ContainerID is the runtime's container ID (64 hex digits for
@@ -46,9 +44,9 @@ func PodUIDOfSegment(name string) (string, bool) {
 // docker-<id>.scope.
 var containerSegment = regexp.MustCompile(`^(?:(?:cri-containerd|crio|docker)-)?([0-9a-f]{64})(?:\.scope)?$`)
 
-// ParseCgroup reads the contents of /proc/<pid>/cgroup (v1 or v2) and
+// Parse reads the contents of /proc/<pid>/cgroup (v1 or v2) and
 // returns the pod and container the process belongs to.
-func ParseCgroup(data string) (CgroupRef, error) {
+func Parse(data string) (Ref, error) {
 	for _, line := range strings.Split(data, "\n") {
 		// hierarchy-ID:controllers:path; the path may itself hold colons.
 		parts := strings.SplitN(strings.TrimSpace(line), ":", 3)
@@ -56,7 +54,7 @@ func ParseCgroup(data string) (CgroupRef, error) {
 			continue
 		}
 		segs := strings.Split(strings.Trim(parts[2], "/"), "/")
-		var ref CgroupRef
+		var ref Ref
 		for i, s := range segs {
 			if m := podSegment.FindStringSubmatch(s); m != nil {
 				ref.PodUID = strings.ReplaceAll(m[1], "_", "-")
@@ -72,5 +70,5 @@ func ParseCgroup(data string) (CgroupRef, error) {
 			return ref, nil
 		}
 	}
-	return CgroupRef{}, ErrNotAPod
+	return Ref{}, ErrNotAPod
 }

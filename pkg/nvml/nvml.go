@@ -1,8 +1,9 @@
-// Package nvml is the agent's only door to the GPUs: the inventory it
-// publishes (UUID, model, memory, SMs, NVLink peers, MIG and compute mode),
-// the usage it samples (memory per process, device and per-process SM
-// utilization, temperature, power, clock-event reasons) and the XID events
-// that take a GPU out of service. It wraps go-nvml's nvml.Interface, so tests
+// Package nvml is the node's only door to the GPUs (tessera-agent and
+// `tessera doctor node`): the inventory the agent publishes (UUID, model,
+// memory, SMs, NVLink peers, MIG and compute mode), the usage it samples
+// (memory per process, device and per-process SM utilization, temperature,
+// power, clock-event reasons) and the XID events that take a GPU out of
+// service. It wraps go-nvml's nvml.Interface, so tests
 // run on go-nvml's whole-server mocks (dgxa100, dgxh100, dgxh200) and the
 // agent on the real driver with the same code.
 //

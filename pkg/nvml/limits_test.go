@@ -13,7 +13,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 
-	"github.com/tessera-gpu/tessera/pkg/agent/nvml/nvmltest"
+	"github.com/tessera-gpu/tessera/pkg/nvml/nvmltest"
 )
 
 // TestMemoryLimitsOnTheMock: limits set through the client are the mock's
