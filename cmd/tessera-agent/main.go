@@ -31,6 +31,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
 	"github.com/tessera-gpu/tessera/pkg/agent/mps"
 	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
+	"github.com/tessera-gpu/tessera/pkg/agentendpoint"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/nvml"
 	"github.com/tessera-gpu/tessera/pkg/version"
@@ -59,7 +60,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		configPath   = fs.String("config", "", "TesseraConfiguration file (tessera.dev/v1alpha1); defaults when empty")
 		node         = fs.String("node", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 		kubeconfig   = fs.String("kubeconfig", "", "kubeconfig; in-cluster configuration when empty")
-		metricsAddr  = fs.String("metrics-addr", ":9401", "address of the Prometheus endpoint (and GET /doctor); not DCGM exporter's 9400")
+		metricsAddr  = fs.String("metrics-addr", agentendpoint.DefaultMetricsAddr, "address of the Prometheus endpoint (and GET /doctor); not DCGM exporter's 9400")
 		pluginDir    = fs.String("device-plugin-dir", pluginapi.DevicePluginPath, "kubelet's device-plugin directory")
 		podResources = fs.String("pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet's pod-resources socket")
 		cdiDir       = fs.String("cdi-dir", "/var/run/cdi", "where the slots' CDI specs are written")
@@ -74,7 +75,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		noticeRoot   = fs.String("preemption-dir", "/run/tessera/preemption", "holds each pod's preemption notice directory, mounted into its GPU containers (empty: no preemption notices)")
 		cgroupRoot   = fs.String("cgroup-root", "/sys/fs/cgroup", "the host's cgroup v2 hierarchy, where pods' kernel GPU memory limits are set (empty: none are set, and the inventory says so)")
 		driverRoot   = fs.String("driver-root", "/", "where the NVIDIA driver's files are, at the same paths as on the host; NVIDIA's CDI generator puts its device nodes and libraries into every slot spec (empty: GPU containers rest on NVIDIA_VISIBLE_DEVICES)")
-		namespace    = fs.String("namespace", envOr("POD_NAMESPACE", "tessera-system"), "the namespace of the agent's heartbeat Lease (default $POD_NAMESPACE, else tessera-system)")
+		namespace    = fs.String("namespace", envOr("POD_NAMESPACE", agentendpoint.Namespace), "the namespace of the agent's heartbeat Lease (default $POD_NAMESPACE, else tessera-system)")
 		hostRoot     = fs.String("host-root", "/", "the host's file system as the agent sees it (its /proc with hostPID, /sys, kubelet's directories): tessera doctor's node checks run there at start and on GET /doctor (empty: off)")
 		cdiHook      = fs.String("cdi-hook", "", "nvidia-cdi-hook on the host (the NVIDIA container toolkit's default, /usr/bin/nvidia-cdi-hook, when empty)")
 		refusedGrace = fs.Duration("refused-grace", agent.DefaultRefusedGrace, "how long a pod refused its GPUs (no Tessera assignment, another scheduler's, or one the node cannot honour) may hold its slots before the agent deletes it")

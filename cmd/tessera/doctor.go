@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/pkg/agent/mps"
+	"github.com/tessera-gpu/tessera/pkg/agentendpoint"
 	"github.com/tessera-gpu/tessera/pkg/doctor"
 )
 
@@ -93,7 +94,7 @@ leases and admission policies allows.`,
 	}
 	out.bind(cmd)
 	o.clusterFlags = bindClusterFlags(cmd.Flags())
-	cmd.Flags().StringVar(&o.Namespace, "tessera-namespace", "tessera-system", "Tessera's namespace (the agents' heartbeats, the components' pods)")
+	cmd.Flags().StringVar(&o.Namespace, "tessera-namespace", agentendpoint.Namespace, "Tessera's namespace (the agents' heartbeats, the components' pods)")
 	cmd.Flags().StringVar(&o.LeaseNamespace, "lease-namespace", "kube-system", "the namespace of tessera-scheduler's leader Lease (the chart's scheduler.leaseNamespace)")
 	cmd.Flags().StringVar(&o.SchedulerMetrics, "scheduler-metrics", "", "tessera-scheduler's metrics URL, for its scheduling latency (tessera up prints it)")
 	cmd.Flags().StringSliceVar(&agents, "metrics", nil, "agents' metrics URLs (default: the tessera-agent pods, through the API server's proxy)")

@@ -1,12 +1,10 @@
 package doctor
 
 import (
-	"bufio"
 	"context"
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"math"
 	"net/http"
@@ -16,18 +14,16 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/deploy"
+	"github.com/tessera-gpu/tessera/pkg/agentendpoint"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/inventory"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
-	"github.com/tessera-gpu/tessera/pkg/top"
 )
 
 // ClusterOptions say where Tessera runs and what to read besides the API
@@ -144,73 +140,35 @@ func GatherCluster(ctx context.Context, client kubernetes.Interface, o ClusterOp
 		httpc = &http.Client{Timeout: 10 * time.Second}
 	}
 	if o.SchedulerMetrics != "" {
-		f.SchedulerMetrics, f.SchedulerErr = scrape(ctx, httpc, o.SchedulerMetrics)
-	}
-	var errs []error
-	add := func(mfs map[string]*dto.MetricFamily) {
-		for _, m := range mfs["tessera_gpu_stall_ratio"].GetMetric() {
-			l := labels(m)
-			f.Stalls = append(f.Stalls, GPUStall{Node: l["node"], GPU: l["UUID"], Ratio: m.GetGauge().GetValue()})
+		var m agentendpoint.Metrics
+		if m, f.SchedulerErr = agentendpoint.FromURL(ctx, httpc, o.SchedulerMetrics); f.SchedulerErr == nil {
+			f.SchedulerMetrics = m.Families
 		}
 	}
+	var errs []error
+	var agents []agentendpoint.Metrics
 	if len(o.AgentMetrics) > 0 {
 		for _, u := range o.AgentMetrics {
-			mfs, err := scrape(ctx, httpc, u)
+			m, err := agentendpoint.FromURL(ctx, httpc, u)
 			if err != nil {
 				errs = append(errs, err)
 				continue
 			}
-			add(mfs)
+			agents = append(agents, m)
 		}
 	} else {
-		for _, p := range f.Pods {
-			if p.Namespace != o.Namespace || p.Labels["app.kubernetes.io/name"] != "tessera-agent" || p.Status.Phase != v1.PodRunning {
-				continue
-			}
-			body, err := client.CoreV1().Pods(p.Namespace).ProxyGet("http", p.Name, top.AgentPort, "metrics", nil).DoRaw(ctx)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("agent %s: %w", p.Name, err))
-				continue
-			}
-			mfs, err := parseMetrics(strings.NewReader(string(body)))
-			if err != nil {
-				errs = append(errs, fmt.Errorf("agent %s: %w", p.Name, err))
-				continue
-			}
-			add(mfs)
+		var err error
+		agents, err = agentendpoint.FromPods(ctx, client, o.Namespace)
+		errs = append(errs, err)
+	}
+	for _, a := range agents {
+		for _, m := range a.Families["tessera_gpu_stall_ratio"].GetMetric() {
+			l := agentendpoint.Labels(m)
+			f.Stalls = append(f.Stalls, GPUStall{Node: l["node"], GPU: l["UUID"], Ratio: m.GetGauge().GetValue()})
 		}
 	}
 	f.AgentsErr = errors.Join(errs...)
 	return f
-}
-
-func scrape(ctx context.Context, c *http.Client, url string) (map[string]*dto.MetricFamily, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s: %s", url, resp.Status)
-	}
-	return parseMetrics(bufio.NewReader(resp.Body))
-}
-
-func parseMetrics(r io.Reader) (map[string]*dto.MetricFamily, error) {
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	return p.TextToMetricFamilies(r)
-}
-
-func labels(m *dto.Metric) map[string]string {
-	out := map[string]string{}
-	for _, l := range m.GetLabel() {
-		out[l.GetName()] = l.GetValue()
-	}
-	return out
 }
 
 // ClusterChecks are the cluster checks over facts already gathered.
@@ -431,7 +389,7 @@ func checkAgents(f ClusterFacts, o ClusterOptions) []Finding {
 				Evidence: err.Error(), Remedy: "The node's tessera-agent restores it within a second when it runs; if it stays, the agent is down (see agents.heartbeat)."})
 		case inv == nil:
 			out = append(out, Finding{ID: "agents.inventory", Severity: Error, Subject: n.Name, Summary: "a GPU node without a Tessera inventory: tessera-agent has not started there",
-				Remedy: "kubectl -n " + o.Namespace + " get pods -o wide -l app.kubernetes.io/name=tessera-agent; the agent needs the NVIDIA runtime and the node's GPU label."})
+				Remedy: "kubectl -n " + o.Namespace + " get pods -o wide -l " + agentendpoint.Selector + "; the agent needs the NVIDIA runtime and the node's GPU label."})
 		}
 		l, has := leases[inventory.HeartbeatName(n.Name)]
 		if !has {

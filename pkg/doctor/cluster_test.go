@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/tessera-gpu/tessera/deploy"
+	"github.com/tessera-gpu/tessera/pkg/agentendpoint"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/inventory"
 )
@@ -229,7 +230,7 @@ scheduler_scheduling_attempt_duration_seconds_count{result="scheduled"} 100
 }
 
 func TestHistogramQuantile(t *testing.T) {
-	mfs, err := parseMetrics(strings.NewReader(`# TYPE h histogram
+	mfs, err := agentendpoint.Parse(strings.NewReader(`# TYPE h histogram
 h_bucket{le="1"} 50
 h_bucket{le="2"} 100
 h_bucket{le="+Inf"} 100

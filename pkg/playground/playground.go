@@ -48,6 +48,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent"
 	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
 	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
+	"github.com/tessera-gpu/tessera/pkg/agentendpoint"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/inventory"
 )
@@ -438,7 +439,7 @@ func (c *Cluster) runAgent(nctx context.Context, opts Options, n *Node, mpsContr
 		Holder: deviceplugin.PodResourcesHolder{Client: podresourcesapi.NewPodResourcesListerClient(n.conn)},
 		Pods:   nodePods.Get, CDIDir: n.CDIDir, ProcRoot: procRoot, NodePods: nodePods.List, AssignmentChanges: nodePods.Changes,
 		NoticeRoot: noticeRoot, Kill: n.load.kill, Signal: n.load.signal, TimeSlicer: n.TimeSlices,
-		CgroupRoot: n.CgroupRoot, IsolationEvery: time.Second, Namespace: "tessera-system", HeartbeatEvery: time.Second,
+		CgroupRoot: n.CgroupRoot, IsolationEvery: time.Second, Namespace: agentendpoint.Namespace, HeartbeatEvery: time.Second,
 		SpecCollectEvery: 2 * time.Second, RefusedGrace: opts.RefusedGrace,
 	})
 	if err != nil {

@@ -8,7 +8,6 @@ package top
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,12 +18,11 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/tessera-gpu/tessera/pkg/agentendpoint"
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
@@ -363,66 +361,27 @@ func splitNumber(s string) (string, int) {
 func (s *Snapshot) AddUsage(ctx context.Context, url string) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	m, err := agentendpoint.FromURL(ctx, http.DefaultClient, url)
 	if err != nil {
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", url, resp.Status)
-	}
-	if err := s.addUsageFrom(resp.Body); err != nil {
-		return fmt.Errorf("%s: %w", url, err)
-	}
+	s.addUsageFrom(m.Families)
 	return nil
 }
-
-// AgentSelector finds the agents' pods (deploy/tessera-agent.yaml).
-const (
-	AgentNamespace = "tessera-system"
-	AgentSelector  = "app.kubernetes.io/name=tessera-agent"
-	// AgentPort is not DCGM exporter's 9400, which often runs beside.
-	AgentPort = "9401"
-)
 
 // AddUsageFromAgents reads every running agent's metrics through the API
 // server's pod proxy, so a kubeconfig is all it needs. It returns how many
 // agents answered.
 func (s *Snapshot) AddUsageFromAgents(ctx context.Context, client kubernetes.Interface) (int, error) {
-	pods, err := client.CoreV1().Pods(AgentNamespace).List(ctx, metav1.ListOptions{LabelSelector: AgentSelector})
-	if err != nil {
-		return 0, err
+	agents, err := agentendpoint.FromPods(ctx, client, agentendpoint.Namespace)
+	for _, m := range agents {
+		s.addUsageFrom(m.Families)
 	}
-	n := 0
-	var errs []error
-	for _, p := range pods.Items {
-		if p.Status.Phase != "Running" {
-			continue
-		}
-		body, err := client.CoreV1().Pods(p.Namespace).ProxyGet("http", p.Name, AgentPort, "metrics", nil).DoRaw(ctx)
-		if err == nil {
-			err = s.addUsageFrom(bytes.NewReader(body))
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("agent %s: %w", p.Name, err))
-			continue
-		}
-		n++
-	}
-	return n, errors.Join(errs...)
+	return len(agents), err
 }
 
-// addUsageFrom merges one agent's metrics (Prometheus text format).
-func (s *Snapshot) addUsageFrom(r io.Reader) error {
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(r)
-	if err != nil {
-		return err
-	}
+// addUsageFrom merges one agent's metrics.
+func (s *Snapshot) addUsageFrom(families map[string]*dto.MetricFamily) {
 	type key struct{ uuid, ns, pod, container string }
 	mem, sm := map[key]float64{}, map[key]float64{}
 	read := func(name string, into map[key]float64) {
@@ -431,7 +390,7 @@ func (s *Snapshot) addUsageFrom(r io.Reader) error {
 			return
 		}
 		for _, m := range f.GetMetric() {
-			l := labelMap(m)
+			l := agentendpoint.Labels(m)
 			into[key{l["UUID"], l["namespace"], l["pod"], l["container"]}] = m.GetGauge().GetValue()
 		}
 	}
@@ -446,15 +405,6 @@ func (s *Snapshot) addUsageFrom(r io.Reader) error {
 			}
 		}
 	}
-	return nil
-}
-
-func labelMap(m *dto.Metric) map[string]string {
-	out := map[string]string{}
-	for _, lp := range m.GetLabel() {
-		out[lp.GetName()] = lp.GetValue()
-	}
-	return out
 }
 
 // Render prints the snapshot: one line per GPU, and one per tenant below

@@ -16,6 +16,7 @@ import (
 	restclient "k8s.io/client-go/rest"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/tessera-gpu/tessera/pkg/agentendpoint"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/preemption"
 )
@@ -42,7 +43,7 @@ func TestUsageFromAgentPods(t *testing.T) {
 	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-2", Annotations: map[string]string{gpu.AnnotationInventory: string(raw)}}}
 	a := &gpu.PodAssignment{Node: "node-2", Containers: []gpu.ContainerAssignment{{Name: "main", Mode: gpu.ModeMPS,
 		GPUs: []gpu.GPUGrant{{UUID: "GPU-a", MemoryMiB: 8192, CoresPerMille: 200}}}}}
-	agentPod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "tessera-agent-x", Namespace: AgentNamespace, Labels: map[string]string{"app.kubernetes.io/name": "tessera-agent"}},
+	agentPod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "tessera-agent-x", Namespace: agentendpoint.Namespace, Labels: map[string]string{"app.kubernetes.io/name": "tessera-agent"}},
 		Status: v1.PodStatus{Phase: v1.PodRunning}}
 	client := fake.NewClientset(node, gpuPod("infer", "node-2", a, nil), agentPod)
 	var asked string
