@@ -36,10 +36,10 @@ func shippedRules(t *testing.T) rulesFile {
 }
 
 // TestEveryAlertHasARunbook: each shipped alert has a summary, a
-// description and a runbook_url into a README heading that exists.
+// description and a runbook_url into a heading of docs/runbook.md.
 func TestEveryAlertHasARunbook(t *testing.T) {
 	rules := shippedRules(t)
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../docs/runbook.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,9 +58,9 @@ func TestEveryAlertHasARunbook(t *testing.T) {
 			if a["summary"] == "" || a["description"] == "" {
 				t.Errorf("%s lacks a summary or description", r.Alert)
 			}
-			_, anchor, ok := strings.Cut(a["runbook_url"], "/README.md#")
+			_, anchor, ok := strings.Cut(a["runbook_url"], "/blob/main/docs/runbook.md#")
 			if !ok || !anchors[anchor] {
-				t.Errorf("%s: runbook_url %q is not a README heading", r.Alert, a["runbook_url"])
+				t.Errorf("%s: runbook_url %q is not a heading of docs/runbook.md", r.Alert, a["runbook_url"])
 			}
 		}
 	}
