@@ -28,6 +28,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/preemption"
+	"github.com/tessera-gpu/tessera/pkg/scheduler/schedtest"
 )
 
 // harness is the plugin built by its factory on a framework handle over a
@@ -106,7 +107,7 @@ func (h *harness) nodeInfo(name string) fwk.NodeInfo {
 			on = append(on, p)
 		}
 	}
-	return snapshotOf(h.nodes[name], on...)
+	return schedtest.SnapshotOf(h.nodes[name], on...)
 }
 
 // preFilter runs PreFilter into a fresh cycle state.
@@ -129,16 +130,16 @@ func fakeUID(s string) string { return strings.ReplaceAll(s, "/", "-") }
 // without an inventory, one whose inventory is garbage, and one whose
 // device-plugin slots are gone.
 func oneGPUNodes(t *testing.T) ([]*v1.Node, []*v1.Pod) {
-	full := inventoryNode(t, testInventory("full", 1, 81920, false))
-	free := inventoryNode(t, testInventory("free", 1, 81920, false))
+	full := schedtest.InventoryNode(t, schedtest.Inventory("full", 1, 81920, false))
+	free := schedtest.InventoryNode(t, schedtest.Inventory("free", 1, 81920, false))
 	bare := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "bare"}}
-	garbage := inventoryNode(t, testInventory("garbage", 1, 81920, false))
+	garbage := schedtest.InventoryNode(t, schedtest.Inventory("garbage", 1, 81920, false))
 	garbage.Annotations[gpu.AnnotationInventory] = `{"v":"v1","gpus":[`
-	noSlots := inventoryNode(t, testInventory("no-slots", 1, 81920, false))
+	noSlots := schedtest.InventoryNode(t, schedtest.Inventory("no-slots", 1, 81920, false))
 	noSlots.Status.Allocatable[gpu.ResourceGPU] = resource.MustParse("0")
-	sick := testInventory("unhealthy", 1, 81920, false)
+	sick := schedtest.Inventory("unhealthy", 1, 81920, false)
 	sick.GPUs[0].Healthy = false
-	return []*v1.Node{full, free, bare, garbage, noSlots, inventoryNode(t, sick)}, []*v1.Pod{gpuPod(t, "holder", "full", 0)}
+	return []*v1.Node{full, free, bare, garbage, noSlots, schedtest.InventoryNode(t, sick)}, []*v1.Pod{schedtest.GPUPod(t, "holder", "full", 0)}
 }
 
 func TestPreFilter(t *testing.T) {
@@ -227,10 +228,10 @@ func TestFilter(t *testing.T) {
 // them, whether the allocatable comes from the snapshot's map or from the
 // cache's read of the same object (FitNode).
 func TestSlotsFit(t *testing.T) {
-	node := inventoryNode(t, testInventory("n1", 1, 81920, false)) // 8 slots
+	node := schedtest.InventoryNode(t, schedtest.Inventory("n1", 1, 81920, false)) // 8 slots
 	taken := wholeGPUPod("taken", "1")
 	taken.Spec.Containers[0].Resources.Requests = v1.ResourceList{gpu.ResourceGPU: resource.MustParse("7")}
-	info := snapshotOf(node, taken)
+	info := schedtest.SnapshotOf(node, taken)
 	for _, c := range []struct {
 		name              string
 		want, allocatable int64
@@ -249,8 +250,8 @@ func TestSlotsFit(t *testing.T) {
 }
 
 func TestScore(t *testing.T) {
-	busy := inventoryNode(t, testInventory("busy", 2, 81920, false))
-	idle := inventoryNode(t, testInventory("idle", 2, 81920, false))
+	busy := schedtest.InventoryNode(t, schedtest.Inventory("busy", 2, 81920, false))
+	idle := schedtest.InventoryNode(t, schedtest.Inventory("idle", 2, 81920, false))
 	for _, c := range []struct {
 		policy, want string
 	}{
@@ -258,7 +259,7 @@ func TestScore(t *testing.T) {
 		{"spread", "idle"},
 	} {
 		t.Run(c.policy, func(t *testing.T) {
-			h := newHarness(t, `{"policy":"`+c.policy+`"}`, []*v1.Node{busy, idle}, gpuPod(t, "holder", "busy", 0))
+			h := newHarness(t, `{"policy":"`+c.policy+`"}`, []*v1.Node{busy, idle}, schedtest.GPUPod(t, "holder", "busy", 0))
 			pod := wholeGPUPod("one", "1")
 			state, st := h.preFilter(pod)
 			if !st.IsSuccess() {
@@ -330,7 +331,7 @@ func TestReserveAndUnreserve(t *testing.T) {
 
 func TestBind(t *testing.T) {
 	nodes, pods := oneGPUNodes(t)
-	refuses := inventoryNode(t, testInventory("refuses-bindings", 1, 81920, false))
+	refuses := schedtest.InventoryNode(t, schedtest.Inventory("refuses-bindings", 1, 81920, false))
 	h := newHarness(t, "", append(nodes, refuses), pods...)
 	pod := wholeGPUPod("one", "1")
 	state, _ := h.preFilter(pod)
@@ -365,8 +366,8 @@ func TestBind(t *testing.T) {
 }
 
 func TestPostFilterNotifiesTheVictim(t *testing.T) {
-	node := inventoryNode(t, testInventory("n1", 1, 81920, false))
-	low := gpuPod(t, "low", "n1", 0)
+	node := schedtest.InventoryNode(t, schedtest.Inventory("n1", 1, 81920, false))
+	low := schedtest.GPUPod(t, "low", "n1", 0)
 	lowPrio, highPrio := int32(10), int32(1000)
 	low.Spec.Priority = &lowPrio
 	low.Spec.PreemptionPolicy = nil

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/scheduler/cache"
 )
 
 // Filter says whether the pod's GPUs fit the node. It runs once per node
@@ -35,7 +36,7 @@ func (p *Plugin) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, 
 	if len(s.nominated[name]) > 0 {
 		var ok bool
 		if reason, ok = p.fitWithNominated(s, name); !ok {
-			err = errNoInventory
+			err = cache.ErrNoInventory
 		}
 	} else {
 		reason, allocatableSlots, err = p.cache.FitNode(s.alloc, nodeInfo.Node(), s.shape, s.req)

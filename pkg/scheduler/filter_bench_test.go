@@ -12,6 +12,7 @@ import (
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/scheduler/schedtest"
 )
 
 // BenchmarkFilterPerNode is what the plugin adds to each node the framework
@@ -24,13 +25,13 @@ import (
 func BenchmarkFilterPerNode(b *testing.B) {
 	const nodes, gpus = 5000, 8
 	p := hintPlugin(b, &fakeQueue{})
-	alloc := newAllocator(b)
+	alloc := schedtest.NewAllocator(b)
 	infos := make([]fwk.NodeInfo, nodes)
 	for i := range nodes {
 		name := fmt.Sprintf("gpu-node-%04d", i)
 		mps := i%2 == 0
-		inv := testInventory(name, gpus, 81920, mps)
-		node := inventoryNode(b, inv)
+		inv := schedtest.Inventory(name, gpus, 81920, mps)
+		node := schedtest.InventoryNode(b, inv)
 		if _, err := p.cache.SetNodeFrom(node, inv); err != nil {
 			b.Fatal(err)
 		}
@@ -40,13 +41,13 @@ func BenchmarkFilterPerNode(b *testing.B) {
 		}
 		for g := range gpus {
 			uid := types.UID(fmt.Sprintf("%s-%d", name, g))
-			if _, reason, err := p.cache.Reserve(alloc, uid, string(uid), name, sliceOf(mode, 20480, 25)); err != nil || !reason.OK() {
+			if _, reason, err := p.cache.Reserve(alloc, uid, string(uid), name, schedtest.SliceOf(mode, 20480, 25)); err != nil || !reason.OK() {
 				b.Fatal(reason, err)
 			}
 		}
-		infos[i] = snapshotOf(node)
+		infos[i] = schedtest.SnapshotOf(node)
 	}
-	pod := gpuPod(b, "slice", "", 0)
+	pod := schedtest.GPUPod(b, "slice", "", 0)
 	pod.Annotations[gpu.AnnotationSharing] = string(gpu.ModeMPS)
 	pod.Spec.Containers[0].Resources.Limits[gpu.ResourceMemory] = resource.MustParse("10240")
 	pod.Spec.Containers[0].Resources.Limits[gpu.ResourceCores] = resource.MustParse("20")

@@ -10,6 +10,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
+	"github.com/tessera-gpu/tessera/pkg/scheduler/cache"
 )
 
 var (
@@ -32,14 +33,14 @@ type fragmentationCollector struct {
 	metrics.BaseStableCollector
 
 	mu   sync.Mutex
-	src  *Cache
+	src  *cache.Cache
 	pods corelisters.PodLister
 	cfg  *config.AllocatorConfig
 }
 
 var fragmentation = &fragmentationCollector{}
 
-func (c *fragmentationCollector) set(cache *Cache, pods corelisters.PodLister, cfg *config.AllocatorConfig) {
+func (c *fragmentationCollector) set(cache *cache.Cache, pods corelisters.PodLister, cfg *config.AllocatorConfig) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.src, c.pods, c.cfg = cache, pods, cfg

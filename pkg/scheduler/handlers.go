@@ -16,6 +16,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/inventory"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
 	"github.com/tessera-gpu/tessera/pkg/preemption"
+	"github.com/tessera-gpu/tessera/pkg/scheduler/cache"
 )
 
 // Informer handlers: they keep the cache in step with the API server's pods
@@ -57,7 +58,7 @@ func (p *Plugin) onPod(logger klog.Logger, obj any, added bool) {
 		return
 	}
 	switch err := p.cache.AddBound(pod.UID, podKey(pod), a); {
-	case errors.Is(err, ErrAssignmentChanged):
+	case errors.Is(err, cache.ErrAssignmentChanged):
 		assignmentChanges.Inc()
 		p.warnOnce(logger, pod, "GPUAssignmentChanged", err.Error())
 	case err != nil:

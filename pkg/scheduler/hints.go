@@ -12,6 +12,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
+	"github.com/tessera-gpu/tessera/pkg/scheduler/cache"
 )
 
 // EventsToRegister names the events that can make a pod this plugin rejected
@@ -96,7 +97,7 @@ type waiter struct {
 // the cache behind. When room was made since the cycle began, the pod is
 // activated at once instead: it is still in flight, and the queue retries it
 // as soon as it returns.
-func (w *waiters) add(c *Cache, queue fwk.PodActivator, pod *v1.Pod, began uint64, logger klog.Logger) {
+func (w *waiters) add(c *cache.Cache, queue fwk.PodActivator, pod *v1.Pod, began uint64, logger klog.Logger) {
 	if queue == nil {
 		return
 	}
@@ -123,7 +124,7 @@ func (w *waiters) forget(uid types.UID) {
 
 // wake activates the waiters whose cycle began before the cache last made
 // room. It is called after every change the handlers apply.
-func (w *waiters) wake(c *Cache, logger klog.Logger) {
+func (w *waiters) wake(c *cache.Cache, logger klog.Logger) {
 	w.mu.Lock()
 	if len(w.pods) == 0 {
 		w.mu.Unlock()

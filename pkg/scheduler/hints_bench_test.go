@@ -12,6 +12,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/scheduler/cache"
+	"github.com/tessera-gpu/tessera/pkg/scheduler/schedtest"
 )
 
 // BenchmarkHintPerDeletion is what one GPU pod's deletion costs the plugin
@@ -23,11 +25,11 @@ import (
 func BenchmarkHintPerDeletion(b *testing.B) {
 	registerMetrics()
 	const nodes, gpus, waiting = 1000, 8, 1000
-	p := &Plugin{shared: &shared{cache: NewCache(1)}}
+	p := &Plugin{shared: &shared{cache: cache.New(1)}}
 	p.synced.Store(true)
 	logger := klog.Background()
 	boundPod := func(uid string, node string, g int) *v1.Pod {
-		enc, err := gpu.EncodeAssignment(grant(node, g, 8192, 100, gpu.ModeTimeSlicing))
+		enc, err := gpu.EncodeAssignment(schedtest.Grant(node, g, 8192, 100, gpu.ModeTimeSlicing))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -37,7 +39,7 @@ func BenchmarkHintPerDeletion(b *testing.B) {
 	}
 	for i := range nodes {
 		name := fmt.Sprintf("gpu-node-%04d", i)
-		if _, err := p.cache.SetNode(name, testInventory(name, gpus, 81920, false)); err != nil {
+		if _, err := p.cache.SetNode(name, schedtest.Inventory(name, gpus, 81920, false)); err != nil {
 			b.Fatal(err)
 		}
 		for g := range gpus {

@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"sort"
 	"sync"
@@ -11,7 +10,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
@@ -19,6 +17,8 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/scheduler/cache"
+	"github.com/tessera-gpu/tessera/pkg/scheduler/schedtest"
 )
 
 // fakeQueue records the pods the plugin activates.
@@ -54,48 +54,9 @@ func hintPlugin(t testing.TB, q *fakeQueue) *Plugin {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Plugin{cfg: &cfg, queue: q, shared: &shared{cache: NewCache(1), workload: newWorkloadTracker(base, cfg.WorkloadCoverage)}}
+	p := &Plugin{cfg: &cfg, queue: q, shared: &shared{cache: cache.New(1), workload: newWorkloadTracker(base, cfg.WorkloadCoverage)}}
 	p.synced.Store(true)
 	return p
-}
-
-// gpuPod is a pod asking for whole GPUs; with a node, bound there with an
-// assignment of its GPU index g.
-func gpuPod(t testing.TB, name string, node string, g int) *v1.Pod {
-	t.Helper()
-	never := v1.PreemptNever
-	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: name, UID: types.UID(name), Annotations: map[string]string{}},
-		Spec: v1.PodSpec{PreemptionPolicy: &never, Containers: []v1.Container{{Name: "m", Resources: v1.ResourceRequirements{
-			Limits:   v1.ResourceList{gpu.ResourceGPU: resource.MustParse("1")},
-			Requests: v1.ResourceList{gpu.ResourceGPU: resource.MustParse("1")}}}}}}
-	if node != "" {
-		enc, err := gpu.EncodeAssignment(grant(node, g, 81920, 1000, gpu.ModeExclusive))
-		if err != nil {
-			t.Fatal(err)
-		}
-		pod.Annotations[gpu.AnnotationAssignment] = enc
-		pod.Spec.NodeName = node
-	}
-	return pod
-}
-
-// inventoryNode is a node object carrying inv as its annotation.
-func inventoryNode(t testing.TB, inv *gpu.NodeInventory) *v1.Node {
-	t.Helper()
-	raw, err := gpu.EncodeInventory(inv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: inv.Node, UID: types.UID(inv.Node), Annotations: map[string]string{gpu.AnnotationInventory: string(raw)}},
-		Status: v1.NodeStatus{Allocatable: v1.ResourceList{gpu.ResourceGPU: resource.MustParse(fmt.Sprint(8 * len(inv.GPUs)))}}}
-}
-
-// snapshotOf is the scheduler's own view of a node: the node and the pods it
-// counts there.
-func snapshotOf(node *v1.Node, pods ...*v1.Pod) fwk.NodeInfo {
-	n := framework.NewNodeInfo(pods...)
-	n.SetNode(node)
-	return n
 }
 
 // tryOnce runs one scheduling cycle's PreFilter, Filter on each node, and
@@ -128,26 +89,26 @@ func tryOnce(t *testing.T, p *Plugin, pod *v1.Pod, between func(), nodes ...fwk.
 func TestHintsOnlyLook(t *testing.T) {
 	p := hintPlugin(t, &fakeQueue{})
 	logger := klog.Background()
-	inv := testInventory("n1", 1, 81920, false)
-	node := inventoryNode(t, inv)
+	inv := schedtest.Inventory("n1", 1, 81920, false)
+	node := schedtest.InventoryNode(t, inv)
 	if _, err := p.cache.SetNode(node.Annotations[gpu.AnnotationInventory], inv); err != nil {
 		t.Fatal(err)
 	}
-	held := gpuPod(t, "held", "n1", 0)
+	held := schedtest.GPUPod(t, "held", "n1", 0)
 	p.onPod(logger, held, false)
-	slotsOnly := gpuPod(t, "refused", "n1", 0)
+	slotsOnly := schedtest.GPUPod(t, "refused", "n1", 0)
 	delete(slotsOnly.Annotations, gpu.AnnotationAssignment)
 	plain := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "web", UID: "web"}, Spec: v1.PodSpec{NodeName: "n1"}}
 
-	otherInv := testInventory("n1", 2, 81920, false)
-	changed := inventoryNode(t, otherInv)
+	otherInv := schedtest.Inventory("n1", 2, 81920, false)
+	changed := schedtest.InventoryNode(t, otherInv)
 	moreSlots := node.DeepCopy()
 	moreSlots.Status.Allocatable[gpu.ResourceGPU] = resource.MustParse("64")
 	bare := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cpu-only"}}
 	newBare := bare.DeepCopy()
 	newBare.Labels = map[string]string{"x": "y"}
-	waiting := gpuPod(t, "waiting", "", 0)
-	tooBig := gpuPod(t, "too-big", "", 0)
+	waiting := schedtest.GPUPod(t, "waiting", "", 0)
+	tooBig := schedtest.GPUPod(t, "too-big", "", 0)
 	tooBig.Spec.Containers[0].Resources.Limits[gpu.ResourceGPU] = resource.MustParse("2")
 	for _, c := range []struct {
 		name     string
@@ -198,10 +159,10 @@ func TestRequeuedBeforeTheCacheCaughtUp(t *testing.T) {
 	setup := func(t *testing.T) (*Plugin, *fakeQueue, *v1.Node, *v1.Pod) {
 		q := &fakeQueue{}
 		p := hintPlugin(t, q)
-		inv := testInventory("n1", 1, 81920, false)
-		node := inventoryNode(t, inv)
+		inv := schedtest.Inventory("n1", 1, 81920, false)
+		node := schedtest.InventoryNode(t, inv)
 		p.onNode(logger, node)
-		held := gpuPod(t, "held", "n1", 0)
+		held := schedtest.GPUPod(t, "held", "n1", 0)
 		p.onPod(logger, held, false)
 		return p, q, node, held
 	}
@@ -209,7 +170,7 @@ func TestRequeuedBeforeTheCacheCaughtUp(t *testing.T) {
 	t.Run("deletion applied after the pod was tried", func(t *testing.T) {
 		p, q, node, held := setup(t)
 		// The scheduler already dropped held: its snapshot has no pod there.
-		if tryOnce(t, p, gpuPod(t, "waiting", "", 0), nil, snapshotOf(node)) {
+		if tryOnce(t, p, schedtest.GPUPod(t, "waiting", "", 0), nil, schedtest.SnapshotOf(node)) {
 			t.Fatal("fits before the cache freed the GPU")
 		}
 		if got := q.take(); len(got) != 0 {
@@ -219,7 +180,7 @@ func TestRequeuedBeforeTheCacheCaughtUp(t *testing.T) {
 		if got := q.take(); !slices.Equal(got, []string{"ml/waiting"}) {
 			t.Fatalf("activated %v after the deletion was applied, want ml/waiting", got)
 		}
-		p.onPod(logger, gpuPod(t, "other", "", 0), false) // no room made since
+		p.onPod(logger, schedtest.GPUPod(t, "other", "", 0), false) // no room made since
 		if got := q.take(); len(got) != 0 {
 			t.Fatalf("activated %v again without a change", got)
 		}
@@ -227,7 +188,7 @@ func TestRequeuedBeforeTheCacheCaughtUp(t *testing.T) {
 
 	t.Run("deletion applied while the pod was tried", func(t *testing.T) {
 		p, q, node, held := setup(t)
-		if tryOnce(t, p, gpuPod(t, "waiting", "", 0), func() { p.onPodDelete(held) }, snapshotOf(node)) {
+		if tryOnce(t, p, schedtest.GPUPod(t, "waiting", "", 0), func() { p.onPodDelete(held) }, schedtest.SnapshotOf(node)) {
 			t.Fatal("fits before the cache freed the GPU")
 		}
 		if got := q.take(); !slices.Equal(got, []string{"ml/waiting"}) {
@@ -237,8 +198,8 @@ func TestRequeuedBeforeTheCacheCaughtUp(t *testing.T) {
 
 	t.Run("inventory applied after the pod was tried", func(t *testing.T) {
 		p, q, _, _ := setup(t)
-		late := inventoryNode(t, testInventory("n2", 2, 81920, false))
-		if tryOnce(t, p, gpuPod(t, "waiting", "", 0), nil, snapshotOf(late)) {
+		late := schedtest.InventoryNode(t, schedtest.Inventory("n2", 2, 81920, false))
+		if tryOnce(t, p, schedtest.GPUPod(t, "waiting", "", 0), nil, schedtest.SnapshotOf(late)) {
 			t.Fatal("fits a node the cache does not know")
 		}
 		p.onNode(logger, late)
@@ -249,7 +210,7 @@ func TestRequeuedBeforeTheCacheCaughtUp(t *testing.T) {
 
 	t.Run("cache not behind", func(t *testing.T) {
 		p, q, node, held := setup(t)
-		if tryOnce(t, p, gpuPod(t, "waiting", "", 0), nil, snapshotOf(node, held)) {
+		if tryOnce(t, p, schedtest.GPUPod(t, "waiting", "", 0), nil, schedtest.SnapshotOf(node, held)) {
 			t.Fatal("fits a full node")
 		}
 		p.onPodDelete(held)
@@ -260,8 +221,8 @@ func TestRequeuedBeforeTheCacheCaughtUp(t *testing.T) {
 
 	t.Run("a waiter that was placed or left is not activated", func(t *testing.T) {
 		p, q, node, held := setup(t)
-		gone := gpuPod(t, "gone", "", 0)
-		if tryOnce(t, p, gone, nil, snapshotOf(node)) {
+		gone := schedtest.GPUPod(t, "gone", "", 0)
+		if tryOnce(t, p, gone, nil, schedtest.SnapshotOf(node)) {
 			t.Fatal("fits")
 		}
 		p.onPodDelete(gone)
@@ -270,55 +231,4 @@ func TestRequeuedBeforeTheCacheCaughtUp(t *testing.T) {
 			t.Fatalf("activated %v, a pod that was deleted", got)
 		}
 	})
-}
-
-// TestLiveSlotsFollowBookings: the slots the cache counts per node for live
-// pods (what Behind compares with the scheduler's snapshot) stay equal to
-// those of its bookings through every kind of change.
-func TestLiveSlotsFollowBookings(t *testing.T) {
-	c := NewCache(1)
-	a := newAllocator(t)
-	check := func(step string) {
-		t.Helper()
-		c.mu.RLock()
-		defer c.mu.RUnlock()
-		want := map[string]int64{}
-		for _, rec := range c.pods {
-			if rec.booked && !rec.awaitingReclaim {
-				want[rec.assignment.Node] += slots(rec.assignment)
-			}
-		}
-		for name, s := range c.nodes {
-			if s.liveSlots != want[name] {
-				t.Fatalf("%s: node %s counts %d live slots, its bookings %d", step, name, s.liveSlots, want[name])
-			}
-		}
-	}
-	if _, err := c.SetNode("v1", testInventory("n1", 4, 81920, false)); err != nil {
-		t.Fatal(err)
-	}
-	two := wholeGPUs(2)
-	if _, r, err := c.Reserve(a, "r1", "ml/r1", "n1", two); err != nil || !r.OK() {
-		t.Fatalf("reserve: %v %v", r, err)
-	}
-	check("reserve")
-	if err := c.AddBound("b1", "ml/b1", grant("n1", 3, 81920, 1000, gpu.ModeExclusive)); err != nil {
-		t.Fatal(err)
-	}
-	check("bound")
-	c.Gone("b1", true) // a victim: booked until reclaimed
-	check("victim gone")
-	if _, err := c.SetNode("v2", testInventory("n1", 4, 81920, false)); err != nil {
-		t.Fatal(err)
-	}
-	check("inventory replaced")
-	if expired := c.ExpireReclaims(c.pods["b1"].goneAt.Add(goneTTL), 0); len(expired) != 1 {
-		t.Fatalf("expired %v", expired)
-	}
-	check("reclaim expired")
-	c.ForgetAssumed("r1")
-	check("unreserve")
-	if s := c.nodes["n1"]; s.liveSlots != 0 {
-		t.Fatalf("%d live slots on an empty node", s.liveSlots)
-	}
 }

@@ -22,7 +22,7 @@
 //     away or a node's inventory changes, instead of after the
 //     unschedulable timeout.
 //
-// handlers.go keeps the cache (cache.go) in step with the informers.
+// handlers.go keeps the cache (package cache) in step with the informers.
 package scheduler
 
 import (
@@ -48,6 +48,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/scheduler/cache"
 )
 
 // Name is the plugin's name in a KubeSchedulerConfiguration.
@@ -85,7 +86,7 @@ var (
 // usage (two profiles booking from separate caches would double-book), the
 // informer handlers that feed it, and the recent-workload tracker.
 type shared struct {
-	cache    *Cache
+	cache    *cache.Cache
 	workload *workloadTracker
 	regs     []toolscache.ResourceEventHandlerRegistration
 	synced   atomic.Bool
@@ -144,16 +145,16 @@ func newPlugin(ctx context.Context, obj runtime.Object, h fwk.Handle, controller
 	sharedMu.Lock()
 	defer sharedMu.Unlock()
 	if s, ok := sharedByFactory[factory]; ok {
-		if s.cache.oversub != cfg.MemoryOversubscription {
+		if s.cache.Oversubscription() != cfg.MemoryOversubscription {
 			return nil, fmt.Errorf("%s.memoryOversubscription: %v differs from another profile's %v; profiles share one view of the GPUs and must agree",
-				argsField, cfg.MemoryOversubscription, s.cache.oversub)
+				argsField, cfg.MemoryOversubscription, s.cache.Oversubscription())
 		}
 		p.shared = s
 		fragmentation.set(s.cache, p.pods, cfg)
 		return p, nil
 	}
-	s := &shared{cache: NewCache(cfg.MemoryOversubscription), workload: newWorkloadTracker(base, cfg.WorkloadCoverage)}
-	s.cache.reportUntil(ctx, recordNode, forgetNode)
+	s := &shared{cache: cache.New(cfg.MemoryOversubscription), workload: newWorkloadTracker(base, cfg.WorkloadCoverage)}
+	s.cache.ReportUntil(ctx, recordNode, forgetNode)
 	p.shared = s
 	fragmentation.set(s.cache, p.pods, cfg)
 	logger := klog.FromContext(ctx).WithName(Name)
@@ -210,7 +211,7 @@ type stateData struct {
 	// containers take from kubelet.
 	slots int64
 	// shape is req.Key()'s number in the cache, computed once per cycle.
-	shape Shape
+	shape cache.Shape
 	alloc *allocator.Allocator
 	// assignment is what Reserve booked, for Bind to write.
 	assignment *gpu.PodAssignment
@@ -227,7 +228,7 @@ type stateData struct {
 	timed bool
 	// excluded are the nodes PreFilter left out of the cycle (see
 	// candidates), for PostFilter's account when no node fits.
-	excluded []excludedNode
+	excluded []cache.ExcludedNode
 }
 
 // Clone shares the data, except the nominated pods, which the framework

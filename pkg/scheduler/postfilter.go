@@ -58,8 +58,8 @@ func (p *Plugin) accountExcluded(s *stateData) {
 		return
 	}
 	for _, x := range s.excluded {
-		rejectedNodes[x.reason.Code].Inc()
-		s.rejected.addReason(x.name, x.reason)
+		rejectedNodes[x.Reason.Code].Inc()
+		s.rejected.addReason(x.Name, x.Reason)
 	}
 	if p.handle == nil || p.handle.SnapshotSharedLister() == nil {
 		return
@@ -69,8 +69,8 @@ func (p *Plugin) accountExcluded(s *stateData) {
 		if s.rejected.behind.Load() {
 			return
 		}
-		if n, err := infos.Get(x.name); err == nil {
-			p.noteBehind(s.rejected, n, !x.reason.Code.FromInventory())
+		if n, err := infos.Get(x.Name); err == nil {
+			p.noteBehind(s.rejected, n, !x.Reason.Code.FromInventory())
 		}
 	}
 }
@@ -95,7 +95,7 @@ func (p *Plugin) preempt(ctx context.Context, s *stateData, pod *v1.Pod, statuse
 		return nil, fwk.AsStatus(err)
 	}
 	view := p.preemptionView(pod, pods, pdbs, statuses, time.Now())
-	best := planPreemption(s.alloc, p.cache.oversub, pod, s.req, view)
+	best := planPreemption(s.alloc, p.cache.Oversubscription(), pod, s.req, view)
 	if best == nil {
 		preemptions.WithLabelValues("impossible").Inc()
 		return nil, fwk.NewStatus(fwk.Unschedulable, "preemption cannot make room: no node fits the pod even without every lower-priority GPU pod it may evict")

@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"fmt"
 	"slices"
 	"testing"
 
@@ -11,12 +10,9 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/scheduler/cache"
+	"github.com/tessera-gpu/tessera/pkg/scheduler/schedtest"
 )
-
-func grant(node string, gpuIdx int, memMiB int64, cores int, mode gpu.SharingMode) *gpu.PodAssignment {
-	return &gpu.PodAssignment{Node: node, Containers: []gpu.ContainerAssignment{{Name: "m", Mode: mode,
-		GPUs: []gpu.GPUGrant{{UUID: fmt.Sprintf("GPU-%s-%d", node, gpuIdx), Index: gpuIdx, MemoryMiB: memMiB, CoresPerMille: cores}}}}}
-}
 
 func cand(name string, prio int32, gpuSeconds float64, a *gpu.PodAssignment) candidate {
 	return candidate{pod: &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", Labels: map[string]string{"app": name}}},
@@ -39,46 +35,46 @@ func TestSelectVictims(t *testing.T) {
 		{
 			name: "the cheapest of the lowest priority goes; the higher priority and the costlier stay",
 			cands: []candidate{
-				cand("s1-prio5", 5, 10, grant(n, 0, 16384, 400, ts)),
-				cand("s2-prio1-cheap", 1, 10, grant(n, 0, 16384, 400, ts)),
-				cand("whole-prio1-costly", 1, 1e6, grant(n, 1, 81920, 1000, gpu.ModeExclusive)),
+				cand("s1-prio5", 5, 10, schedtest.Grant(n, 0, 16384, 400, ts)),
+				cand("s2-prio1-cheap", 1, 10, schedtest.Grant(n, 0, 16384, 400, ts)),
+				cand("whole-prio1-costly", 1, 1e6, schedtest.Grant(n, 1, 81920, 1000, gpu.ModeExclusive)),
 			},
-			req:  sliceOf(ts, 40960, 50),
+			req:  schedtest.SliceOf(ts, 40960, 50),
 			want: []string{"s2-prio1-cheap"}, wantOK: true,
 		},
 		{
 			name:   "room without evicting anyone: no victims",
-			cands:  []candidate{cand("small", 1, 1, grant(n, 0, 8192, 100, ts))},
-			req:    wholeGPUs(1),
+			cands:  []candidate{cand("small", 1, 1, schedtest.Grant(n, 0, 8192, 100, ts))},
+			req:    schedtest.WholeGPUs(1),
 			want:   nil,
 			wantOK: true,
 		},
 		{
 			name:  "two whole GPUs cannot be freed while a pod it may not evict holds one",
-			fixed: []*gpu.PodAssignment{grant(n, 1, 81920, 1000, gpu.ModeExclusive)},
-			cands: []candidate{cand("low", 0, 1, grant(n, 0, 81920, 1000, gpu.ModeExclusive))},
-			req:   wholeGPUs(2),
+			fixed: []*gpu.PodAssignment{schedtest.Grant(n, 1, 81920, 1000, gpu.ModeExclusive)},
+			cands: []candidate{cand("low", 0, 1, schedtest.Grant(n, 0, 81920, 1000, gpu.ModeExclusive))},
+			req:   schedtest.WholeGPUs(2),
 		},
 		{
 			name: "several small victims when one GPU must be emptied",
 			cands: []candidate{
-				cand("a", 0, 3, grant(n, 0, 8192, 200, ts)),
-				cand("b", 0, 2, grant(n, 0, 8192, 200, ts)),
-				cand("c", 0, 1, grant(n, 0, 8192, 200, ts)),
+				cand("a", 0, 3, schedtest.Grant(n, 0, 8192, 200, ts)),
+				cand("b", 0, 2, schedtest.Grant(n, 0, 8192, 200, ts)),
+				cand("c", 0, 1, schedtest.Grant(n, 0, 8192, 200, ts)),
 			},
-			fixed:  []*gpu.PodAssignment{grant(n, 1, 81920, 1000, gpu.ModeExclusive)},
-			req:    wholeGPUs(1),
+			fixed:  []*gpu.PodAssignment{schedtest.Grant(n, 1, 81920, 1000, gpu.ModeExclusive)},
+			req:    schedtest.WholeGPUs(1),
 			want:   []string{"a", "b", "c"},
 			wantOK: true,
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			node, err := allocator.NewNode(testInventory(n, 2, 81920, false))
+			node, err := allocator.NewNode(schedtest.Inventory(n, 2, 81920, false))
 			if err != nil {
 				t.Fatal(err)
 			}
-			node.CPUMilli, node.MemoryMiB = unlimited, unlimited
+			node.CPUMilli, node.MemoryMiB = cache.Unlimited, cache.Unlimited
 			for _, a := range tt.fixed {
 				if err := node.AddAssignment(a, 0, 0, 1.5); err != nil {
 					t.Fatal(err)
@@ -90,7 +86,7 @@ func TestSelectVictims(t *testing.T) {
 				}
 			}
 			before := node.Clone()
-			victims, ok := selectVictims(newAllocator(t), node, tt.req, tt.cands, 1.5)
+			victims, ok := selectVictims(schedtest.NewAllocator(t), node, tt.req, tt.cands, 1.5)
 			if ok != tt.wantOK {
 				t.Fatalf("ok %v, want %v", ok, tt.wantOK)
 			}

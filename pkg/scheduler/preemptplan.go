@@ -20,6 +20,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
 	"github.com/tessera-gpu/tessera/pkg/preemption"
+	"github.com/tessera-gpu/tessera/pkg/scheduler/cache"
 )
 
 // preemptionView is what victim selection reads: the cluster as the
@@ -44,7 +45,7 @@ type nodeView struct {
 	nominated []nominatedPreemptor
 	// reclaiming are the victims gone from the API server whose slices
 	// still await the agent's reclaim.
-	reclaiming []ReclaimingVictim
+	reclaiming []cache.ReclaimingVictim
 }
 
 type boundPod struct {

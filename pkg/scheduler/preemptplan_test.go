@@ -18,6 +18,8 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/preemption"
+	"github.com/tessera-gpu/tessera/pkg/scheduler/cache"
+	"github.com/tessera-gpu/tessera/pkg/scheduler/schedtest"
 )
 
 // update rewrites the golden files of this package's datadriven tests with
@@ -102,7 +104,7 @@ func (s *preemptionScene) pod(d *datadriven.TestData) *v1.Pod {
 // grantOf is the assignment of a command's gpu, mem and cores on its node.
 func (s *preemptionScene) grantOf(d *datadriven.TestData) *gpu.PodAssignment {
 	node := argOr(d, "node", "")
-	return grant(node, int(intArg(s.t, d, "gpu", 0)), intArg(s.t, d, "mem", 81920), int(intArg(s.t, d, "cores", 100))*10, modeArg(d))
+	return schedtest.Grant(node, int(intArg(s.t, d, "gpu", 0)), intArg(s.t, d, "mem", 81920), int(intArg(s.t, d, "cores", 100))*10, modeArg(d))
 }
 
 func (s *preemptionScene) node(name string, d *datadriven.TestData) *nodeView {
@@ -122,9 +124,9 @@ func (s *preemptionScene) book(d *datadriven.TestData, a *gpu.PodAssignment) {
 func (s *preemptionScene) request(d *datadriven.TestData) *allocator.Request {
 	mem, cores := intArg(s.t, d, "mem", 0), int(intArg(s.t, d, "cores", 0))
 	if mem == 0 && cores == 0 {
-		return wholeGPUs(int(intArg(s.t, d, "gpus", 1)))
+		return schedtest.WholeGPUs(int(intArg(s.t, d, "gpus", 1)))
 	}
-	r := sliceOf(modeArg(d), mem, cores)
+	r := schedtest.SliceOf(modeArg(d), mem, cores)
 	r.Containers[0].Count = int(intArg(s.t, d, "gpus", 1))
 	// exclusive with a size: whole GPUs of at least that memory.
 	r.Containers[0].Whole = r.Sharing == gpu.ModeExclusive
@@ -135,11 +137,11 @@ func (s *preemptionScene) run(d *datadriven.TestData) string {
 	switch d.Cmd {
 	case "node":
 		name := argOr(d, "name", "")
-		n, err := allocator.NewNode(testInventory(name, int(intArg(s.t, d, "gpus", 1)), intArg(s.t, d, "mem", 81920), false))
+		n, err := allocator.NewNode(schedtest.Inventory(name, int(intArg(s.t, d, "gpus", 1)), intArg(s.t, d, "mem", 81920), false))
 		if err != nil {
 			s.t.Fatal(err)
 		}
-		n.CPUMilli, n.MemoryMiB = unlimited, unlimited
+		n.CPUMilli, n.MemoryMiB = cache.Unlimited, cache.Unlimited
 		s.nodes[name] = &nodeView{name: name, usage: n}
 		s.order = append(s.order, name)
 	case "bound":
@@ -156,7 +158,7 @@ func (s *preemptionScene) run(d *datadriven.TestData) string {
 		a := s.grantOf(d)
 		s.book(d, a)
 		nv := s.node(a.Node, d)
-		nv.reclaiming = append(nv.reclaiming, ReclaimingVictim{Assignment: a, Preemptor: types.UID(argOr(d, "preemptor", ""))})
+		nv.reclaiming = append(nv.reclaiming, cache.ReclaimingVictim{Assignment: a, Preemptor: types.UID(argOr(d, "preemptor", ""))})
 	case "nominated":
 		pod := s.pod(d)
 		pod.Status.NominatedNodeName = argOr(d, "node", "")
@@ -180,7 +182,7 @@ func (s *preemptionScene) run(d *datadriven.TestData) string {
 		for _, name := range s.order {
 			v.nodes = append(v.nodes, *s.nodes[name])
 		}
-		c := planPreemption(newAllocator(s.t), 1.5, preemptor, s.request(d), v)
+		c := planPreemption(schedtest.NewAllocator(s.t), 1.5, preemptor, s.request(d), v)
 		if c == nil {
 			return "no plan: no node fits the pod even without every lower-priority GPU pod it may evict"
 		}

@@ -48,10 +48,10 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	// Only the nodes that could ever hold the pod are visited, unless the
 	// scheduler's snapshot has nodes the cache has not seen yet, or fewer
 	// candidates would make the framework look further (narrowsSearch).
-	if cands := p.cache.Candidates(s.alloc, s.shape, req); cands.nodes != nil && cands.known >= len(nodes) &&
-		narrowsSearch(cands.nodes.Len(), len(nodes), p.percentageOfNodesToScore()) {
-		s.excluded = cands.excluded
-		return &fwk.PreFilterResult{NodeNames: cands.nodes}, nil
+	if cands := p.cache.Candidates(s.alloc, s.shape, req); cands.Nodes != nil && cands.Known >= len(nodes) &&
+		narrowsSearch(cands.Nodes.Len(), len(nodes), p.percentageOfNodesToScore()) {
+		s.excluded = cands.Excluded
+		return &fwk.PreFilterResult{NodeNames: cands.Nodes}, nil
 	}
 	return nil, nil
 }
@@ -95,4 +95,33 @@ func (p *Plugin) request(pod *v1.Pod) (*allocator.Request, error) {
 		}
 	}
 	return req, nil
+}
+
+// narrowsSearch reports whether handing the framework candidates of the
+// cluster's all nodes leaves it less to do. Its adaptive
+// percentageOfNodesToScore (the default) stops filtering after a share of
+// the nodes it was given that shrinks as that number grows, so a smaller set
+// can raise how many nodes must pass and be scored: at 5,000 nodes, half of
+// them as candidates means 750 to find instead of 500, and the rejected half
+// cost less to visit than the extra 250 to score. This is the framework's
+// count (schedule_one.go, numFeasibleNodesToFind) with the profile's
+// percentage where the plugin can see it; a percentage set only globally is
+// not visible here, and the default is assumed.
+func narrowsSearch(candidates, all int, percentage *int32) bool {
+	return feasibleToFind(candidates, percentage) <= feasibleToFind(all, percentage)
+}
+
+func feasibleToFind(nodes int, percentage *int32) int {
+	const minNodes, minPercentage = 100, 5
+	if nodes < minNodes {
+		return nodes
+	}
+	pct := 0
+	if percentage != nil {
+		pct = int(*percentage)
+	}
+	if pct == 0 {
+		pct = max(50-nodes/125, minPercentage)
+	}
+	return max(nodes*pct/100, minNodes)
 }

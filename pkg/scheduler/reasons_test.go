@@ -16,6 +16,8 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/scheduler/cache"
+	"github.com/tessera-gpu/tessera/pkg/scheduler/schedtest"
 )
 
 // TestPendingMessageOnAThousandNodes: a GPU pod that fits none of 1,000
@@ -31,7 +33,7 @@ func TestPendingMessageOnAThousandNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Plugin{cfg: &cfg, shared: &shared{cache: NewCache(cfg.MemoryOversubscription), workload: newWorkloadTracker(base, cfg.WorkloadCoverage)}}
+	p := &Plugin{cfg: &cfg, shared: &shared{cache: cache.New(cfg.MemoryOversubscription), workload: newWorkloadTracker(base, cfg.WorkloadCoverage)}}
 	p.synced.Store(true)
 	const nodes, gpus = 1000, 8
 	// Every GPU is partly taken by a time-sliced slice, leaving a fragment
@@ -42,7 +44,7 @@ func TestPendingMessageOnAThousandNodes(t *testing.T) {
 	var infos []fwk.NodeInfo
 	for i := range nodes {
 		name := fmt.Sprintf("gpu-node-%04d", i)
-		inv := testInventory(name, gpus, 81920, false)
+		inv := schedtest.Inventory(name, gpus, 81920, false)
 		for g := range inv.GPUs {
 			inv.GPUs[g].Healthy = i%10 != 7
 		}
@@ -55,7 +57,7 @@ func TestPendingMessageOnAThousandNodes(t *testing.T) {
 				free, freeCores = 36864, 700
 			}
 			uid := types.UID(fmt.Sprintf("%s-%d", name, g))
-			if err := p.cache.AddBound(uid, string(uid), grant(name, g, 81920-free, 1000-freeCores, gpu.ModeTimeSlicing)); err != nil {
+			if err := p.cache.AddBound(uid, string(uid), schedtest.Grant(name, g, 81920-free, 1000-freeCores, gpu.ModeTimeSlicing)); err != nil {
 				t.Fatal(err)
 			}
 		}

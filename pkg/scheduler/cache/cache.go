@@ -1,4 +1,4 @@
-package scheduler
+package cache
 
 import (
 	"context"
@@ -19,10 +19,10 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 )
 
-// unlimited stands for a node's CPU and memory inside the allocator: the
+// Unlimited stands for a node's CPU and memory inside the allocator: the
 // scheduler's own NodeResourcesFit plugin accounts them against every pod of
 // the node, so the GPU cache must not second-guess it with a partial count.
-const unlimited = math.MaxInt64 / 4
+const Unlimited = math.MaxInt64 / 4
 
 // Cache is the scheduler's view of every GPU's usage: per node, the inventory
 // its agent published and the assignments of the pods bound or being bound
@@ -89,7 +89,7 @@ type Cache struct {
 	epoch atomic.Uint64
 	// cands memoizes Candidates per shape.
 	candMu sync.Mutex
-	cands  map[Shape]*candidates
+	cands  map[Shape]*CandidateSet
 }
 
 // Shape is a request shape's number in one Cache (see Cache.Shape).
@@ -210,9 +210,9 @@ type podRecord struct {
 	refused bool
 }
 
-// NewCache returns an empty cache whose GPUs may hold up to oversub times
+// New returns an empty cache whose GPUs may hold up to oversub times
 // their memory in slices.
-func NewCache(oversub float64) *Cache {
+func New(oversub float64) *Cache {
 	return &Cache{oversub: oversub, nodes: map[string]*nodeState{}, byCarrier: map[*v1.Node]*nodeState{}, pods: map[types.UID]*podRecord{}, gone: map[types.UID]time.Time{},
 		refused: map[types.UID]*podRecord{}, bare: map[string]bool{}}
 }
@@ -247,7 +247,7 @@ func (c *Cache) setNode(raw string, inv *gpu.NodeInventory, carrier *v1.Node) ([
 	if err != nil {
 		return nil, err
 	}
-	n.CPUMilli, n.MemoryMiB = unlimited, unlimited
+	n.CPUMilli, n.MemoryMiB = Unlimited, Unlimited
 	empty := n.Clone()
 	var overfull []string
 	c.mu.Lock()
@@ -416,12 +416,16 @@ func (c *Cache) extentChangedLocked(before, after *allocator.Node) {
 // no inventory is known.
 func (c *Cache) MaxGPUMemoryMiB() int64 { return c.largestGPUMiB.Load() }
 
+// Oversubscription is how many times its memory a GPU may hold in slices
+// (the allocator's memoryOversubscription this cache was made with).
+func (c *Cache) Oversubscription() float64 { return c.oversub }
+
 // MostGPUs is the number of GPUs of the node that has the most, 0 while no
 // inventory is known.
 func (c *Cache) MostGPUs() int { return int(c.mostGPUs.Load()) }
 
-// errNoInventory says a node has no GPU inventory in the cache.
-var errNoInventory = errors.New("no GPU inventory")
+// ErrNoInventory says a node has no GPU inventory in the cache.
+var ErrNoInventory = errors.New("no GPU inventory")
 
 // FitNode says whether a request of the given shape (its Key) fits a
 // node's current usage, without booking; Filter asks it once per node per
@@ -432,7 +436,7 @@ var errNoInventory = errors.New("no GPU inventory")
 func (c *Cache) FitNode(a *allocator.Allocator, node *v1.Node, shape Shape, r *allocator.Request) (reason allocator.Reason, allocatableSlots int64, err error) {
 	s, allocatableSlots, ok := c.find(node)
 	if !ok {
-		return allocator.Reason{}, -1, errNoInventory
+		return allocator.Reason{}, -1, ErrNoInventory
 	}
 	reason, _ = s.place(a, shape, r, r.FitIgnoresWorkload())
 	return reason, allocatableSlots, nil
@@ -442,7 +446,7 @@ func (c *Cache) FitNode(a *allocator.Allocator, node *v1.Node, shape Shape, r *a
 func (c *Cache) ScoreNode(a *allocator.Allocator, node *v1.Node, shape Shape, r *allocator.Request) (allocator.Reason, float64, error) {
 	s, _, ok := c.find(node)
 	if !ok {
-		return allocator.Reason{}, 0, errNoInventory
+		return allocator.Reason{}, 0, ErrNoInventory
 	}
 	reason, score := s.place(a, shape, r, false)
 	return reason, score, nil
@@ -505,7 +509,7 @@ func (c *Cache) Reserve(a *allocator.Allocator, uid types.UID, podName, node str
 	defer c.mu.Unlock()
 	s, ok := c.nodes[node]
 	if !ok {
-		return nil, allocator.Reason{}, errNoInventory
+		return nil, allocator.Reason{}, ErrNoInventory
 	}
 	if old, ok := c.pods[uid]; ok {
 		// A retried Reserve for a pod already booked (its old booking was
@@ -720,7 +724,7 @@ func (c *Cache) notify(name string, snap *allocator.Node) {
 	}
 }
 
-// reportUntil sends the cache's node changes to change and gone, in their
+// ReportUntil sends the cache's node changes to change and gone, in their
 // order, until ctx ends. A cache whose scheduler stopped must not write the
 // process's series any more: in one process (the playground, tessera up, the
 // soak) a restarted scheduler's new cache reports the same GPUs, and the
@@ -728,7 +732,7 @@ func (c *Cache) notify(name string, snap *allocator.Node) {
 // bind its stop cancelled, a reclaim expiring — would overwrite them with a
 // frozen view whose pods nobody deletes from it any more: the soak saw the
 // series keep slices booked with every pod gone.
-func (c *Cache) reportUntil(ctx context.Context, change func(string, *allocator.Node), gone func(string, []allocator.GPU)) {
+func (c *Cache) ReportUntil(ctx context.Context, change func(string, *allocator.Node), gone func(string, []allocator.GPU)) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.reportCtx, c.onNodeChange, c.onNodeGone = ctx, change, gone

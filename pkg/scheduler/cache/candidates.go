@@ -1,4 +1,4 @@
-package scheduler
+package cache
 
 import (
 	"sort"
@@ -10,7 +10,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 )
 
-// candidates are the nodes a request shape may be tried on: every node
+// CandidateSet is the nodes a request shape may be tried on: every node
 // whose inventory could hold it were the node empty, and every node the
 // plugin has seen without a usable inventory (Filter says why those take
 // nothing, and notices one whose inventory is arriving). A node whose GPUs
@@ -20,25 +20,27 @@ import (
 // nodes, a slice pinned to one mode visited every node of the other on each
 // attempt, the largest difference in work between a Tessera pod's cycle and
 // a plain one's at 1,000 nodes.
-type candidates struct {
+type CandidateSet struct {
 	// epoch is the cache's inventory epoch the set was built at.
 	epoch uint64
-	// nodes is handed to the framework (PreFilterResult.NodeNames) and
+	// Nodes is handed to the framework (PreFilterResult.NodeNames) and
 	// never changed: a later epoch builds a new set. nil: no node is left
 	// out.
-	nodes sets.Set[string]
-	// excluded are the nodes left out, by name, and why (the allocator's
+	Nodes sets.Set[string]
+	// Excluded are the nodes left out, by name, and why (the allocator's
 	// reason on the empty node), for PostFilter's account.
-	excluded []excludedNode
-	// known is how many nodes the cache knew (with or without a usable
+	Excluded []ExcludedNode
+	// Known is how many nodes the cache knew (with or without a usable
 	// inventory): a snapshot holding more has nodes the plugin has not yet
 	// seen, and is not restricted.
-	known int
+	Known int
 }
 
-type excludedNode struct {
-	name   string
-	reason allocator.Reason
+// ExcludedNode is a node a CandidateSet leaves out, and why: the
+// allocator's reason on the node were it empty.
+type ExcludedNode struct {
+	Name   string
+	Reason allocator.Reason
 }
 
 // maxCandidateShapes bounds the shapes whose candidates are kept (each a
@@ -50,7 +52,7 @@ const maxCandidateShapes = 64
 // Whether a shape fits an empty node depends only on the node's inventory
 // and the request (and the cache's oversubscription), so it is memoized per
 // node until the node's inventory changes.
-func (c *Cache) Candidates(a *allocator.Allocator, shape Shape, r *allocator.Request) *candidates {
+func (c *Cache) Candidates(a *allocator.Allocator, shape Shape, r *allocator.Request) *CandidateSet {
 	c.candMu.Lock()
 	got := c.cands[shape]
 	c.candMu.Unlock()
@@ -61,32 +63,32 @@ func (c *Cache) Candidates(a *allocator.Allocator, shape Shape, r *allocator.Req
 	c.candMu.Lock()
 	defer c.candMu.Unlock()
 	if c.cands == nil || len(c.cands) >= maxCandidateShapes {
-		c.cands = map[Shape]*candidates{}
+		c.cands = map[Shape]*CandidateSet{}
 	}
 	c.cands[shape] = built
 	return built
 }
 
-func (c *Cache) buildCandidates(a *allocator.Allocator, shape Shape, r *allocator.Request) *candidates {
+func (c *Cache) buildCandidates(a *allocator.Allocator, shape Shape, r *allocator.Request) *CandidateSet {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	out := &candidates{epoch: c.epoch.Load(), known: len(c.nodes) + len(c.bare)}
+	out := &CandidateSet{epoch: c.epoch.Load(), Known: len(c.nodes) + len(c.bare)}
 	fits := make([]string, 0, len(c.nodes)+len(c.bare))
 	for name, s := range c.nodes {
 		if reason := s.fitsEmpty(a, shape, r); !reason.OK() {
-			out.excluded = append(out.excluded, excludedNode{name: name, reason: reason})
+			out.Excluded = append(out.Excluded, ExcludedNode{Name: name, Reason: reason})
 			continue
 		}
 		fits = append(fits, name)
 	}
-	if len(out.excluded) == 0 {
+	if len(out.Excluded) == 0 {
 		return out
 	}
 	for name := range c.bare {
 		fits = append(fits, name)
 	}
-	out.nodes = sets.New(fits...)
-	sort.Slice(out.excluded, func(i, j int) bool { return out.excluded[i].name < out.excluded[j].name })
+	out.Nodes = sets.New(fits...)
+	sort.Slice(out.Excluded, func(i, j int) bool { return out.Excluded[i].Name < out.Excluded[j].Name })
 	return out
 }
 
@@ -151,33 +153,4 @@ func (c *Cache) InventoryBehind(nodes []fwk.NodeInfo, unreadable func(node strin
 		return true
 	}
 	return false
-}
-
-// narrowsSearch reports whether handing the framework candidates of the
-// cluster's all nodes leaves it less to do. Its adaptive
-// percentageOfNodesToScore (the default) stops filtering after a share of
-// the nodes it was given that shrinks as that number grows, so a smaller set
-// can raise how many nodes must pass and be scored: at 5,000 nodes, half of
-// them as candidates means 750 to find instead of 500, and the rejected half
-// cost less to visit than the extra 250 to score. This is the framework's
-// count (schedule_one.go, numFeasibleNodesToFind) with the profile's
-// percentage where the plugin can see it; a percentage set only globally is
-// not visible here, and the default is assumed.
-func narrowsSearch(candidates, all int, percentage *int32) bool {
-	return feasibleToFind(candidates, percentage) <= feasibleToFind(all, percentage)
-}
-
-func feasibleToFind(nodes int, percentage *int32) int {
-	const minNodes, minPercentage = 100, 5
-	if nodes < minNodes {
-		return nodes
-	}
-	pct := 0
-	if percentage != nil {
-		pct = int(*percentage)
-	}
-	if pct == 0 {
-		pct = max(50-nodes/125, minPercentage)
-	}
-	return max(nodes*pct/100, minNodes)
 }
