@@ -177,7 +177,7 @@ func TestPreFilter(t *testing.T) {
 				}
 				return
 			}
-			if s == nil || s.req == nil || s.slots != c.slots || s.freedAt != h.p.cache.Freed() {
+			if s == nil || s.req == nil || s.slots != c.slots || s.freedAt != h.p.cache.RoomChanges() {
 				t.Fatalf("cycle state %+v, want the request and %d slots", s, c.slots)
 			}
 		})
@@ -319,9 +319,9 @@ func TestReserveAndUnreserve(t *testing.T) {
 	if st := h.p.Reserve(h.ctx, s2, second, "bare"); st.Code() != fwk.Unschedulable || !strings.Contains(st.Message(), "lost its GPU inventory") {
 		t.Fatalf("Reserve on a node without inventory = %v %q", st.Code(), st.Message())
 	}
-	freed := h.p.cache.Freed()
+	freed := h.p.cache.RoomChanges()
 	h.p.Unreserve(h.ctx, s1, first, "free")
-	if h.p.cache.Assignment(first.UID) != nil || readState(s1).assignment != nil || h.p.cache.Freed() == freed {
+	if h.p.cache.Assignment(first.UID) != nil || readState(s1).assignment != nil || h.p.cache.RoomChanges() == freed {
 		t.Fatal("Unreserve kept the booking")
 	}
 	if st := h.p.Reserve(h.ctx, s2, second, "free"); !st.IsSuccess() {

@@ -102,7 +102,7 @@ func (w *waiters) add(c *cache.Cache, queue fwk.PodActivator, pod *v1.Pod, began
 		return
 	}
 	w.mu.Lock()
-	if c.Freed() == began {
+	if c.RoomChanges() == began {
 		if w.pods == nil {
 			w.pods = map[types.UID]waiter{}
 		}
@@ -130,7 +130,7 @@ func (w *waiters) wake(c *cache.Cache, logger klog.Logger) {
 		w.mu.Unlock()
 		return
 	}
-	freed := c.Freed()
+	freed := c.RoomChanges()
 	byQueue := map[fwk.PodActivator]map[string]*v1.Pod{}
 	for uid, x := range w.pods {
 		if x.began == freed {

@@ -132,7 +132,7 @@ func TestHintsOnlyLook(t *testing.T) {
 		{"not a node", p.hintInventoryChanged, nil, "what", fwk.Queue, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			before := p.cache.Freed()
+			before := p.cache.RoomChanges()
 			pod := waiting
 			if c.waiting != nil {
 				pod = c.waiting
@@ -141,7 +141,7 @@ func TestHintsOnlyLook(t *testing.T) {
 			if err != nil || got != c.want {
 				t.Fatalf("hint = %v, %v; want %v", got, err, c.want)
 			}
-			if p.cache.Freed() != before || p.cache.Assignment("held") == nil || len(p.cache.Snapshot("n1").GPUs) != 1 {
+			if p.cache.RoomChanges() != before || p.cache.Assignment("held") == nil || len(p.cache.Snapshot("n1").GPUs) != 1 {
 				t.Fatal("the hint changed the cache")
 			}
 		})

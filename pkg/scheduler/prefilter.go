@@ -25,7 +25,7 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	if err := p.waitForSync(ctx); err != nil {
 		return nil, fwk.AsStatus(err)
 	}
-	freedAt := p.cache.Freed()
+	freedAt := p.cache.RoomChanges()
 	req, err := p.request(pod)
 	if err != nil {
 		rejectedInvalid.Inc()

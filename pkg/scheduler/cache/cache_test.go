@@ -82,6 +82,9 @@ func TestConcurrentReserveNeverOverbooks(t *testing.T) {
 			t.Errorf("GPU %d still holds %d‰ after every pod left", i, snap.GPUs[i].CoresUsed())
 		}
 	}
+	if err := c.checkInvariants(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestRebuildFromBoundPods: a restarted scheduler may see pods before their
@@ -207,6 +210,9 @@ func TestShrunkInventoryKeepsBookings(t *testing.T) {
 	c.Forget("forged")
 	if !fits() {
 		t.Fatalf("GPU 0 stays taken after its pods left: %d‰", c.Snapshot("n1").GPUs[0].CoresUsed())
+	}
+	if err := c.checkInvariants(); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -445,6 +451,22 @@ func TestSameInventory(t *testing.T) {
 	if c.SameInventory(changed) || c.SameInventory(other) {
 		t.Fatal("a changed annotation, or an unknown node, was taken as unchanged")
 	}
+	// The handler installs an equal inventory from a third object: it
+	// becomes the carrier, with its own copy of the string.
+	third := later.DeepCopy()
+	third.Annotations[gpu.AnnotationInventory] = strings.Clone(raw)
+	if _, err := c.SetNodeFrom(third, schedtest.Inventory("n1", 2, 81920, false)); err != nil {
+		t.Fatal(err)
+	}
+	if c.nodes["n1"].carrier != third || unsafe.StringData(c.nodes["n1"].raw) != unsafe.StringData(third.Annotations[gpu.AnnotationInventory]) {
+		t.Fatal("an equal inventory installed from a newer object left the older object's string or carrier")
+	}
+	if !c.SameInventory(third) {
+		t.Fatal("the carrier's own annotation was not recognized")
+	}
+	if err := c.checkInvariants(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestBehind: the cache is behind the scheduler's snapshot of a node when it
@@ -485,6 +507,9 @@ func TestBehind(t *testing.T) {
 		if got := c.Behind(tc.info, !tc.inventoryOnly); got != tc.want {
 			t.Errorf("%s: Behind = %v, want %v", tc.name, got, tc.want)
 		}
+	}
+	if err := c.checkInvariants(); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -536,6 +561,9 @@ func TestVictimHeldUntilReclaimed(t *testing.T) {
 	if got := c.ExpireReclaims(time.Now().Add(time.Hour), time.Hour); len(got) != 1 || c.Snapshot("n1").GPUs[1].CoresUsed() != 0 {
 		t.Fatalf("expired %v; GPU holds %d‰", got, c.Snapshot("n1").GPUs[1].CoresUsed())
 	}
+	if err := c.checkInvariants(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestFirstBoundAssignmentCounts: a bound pod's assignment patched after
@@ -571,6 +599,9 @@ func TestFirstBoundAssignmentCounts(t *testing.T) {
 	}
 	if got := c.Assignment("u2").Containers[0].GPUs[0].Index; got != 7 {
 		t.Fatalf("assumed booking kept GPU %d over the bound pod's 7", got)
+	}
+	if err := c.checkInvariants(); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -661,6 +692,9 @@ func TestFitNodeByCarrier(t *testing.T) {
 	if len(c.byCarrier) != 0 {
 		t.Fatalf("byCarrier holds %d entries after the node left", len(c.byCarrier))
 	}
+	if err := c.checkInvariants(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // n1 is a node object the caches under test never saw carrying an
@@ -675,18 +709,8 @@ func TestLiveSlotsFollowBookings(t *testing.T) {
 	a := schedtest.NewAllocator(t)
 	check := func(step string) {
 		t.Helper()
-		c.mu.RLock()
-		defer c.mu.RUnlock()
-		want := map[string]int64{}
-		for _, rec := range c.pods {
-			if rec.booked && !rec.awaitingReclaim {
-				want[rec.assignment.Node] += slots(rec.assignment)
-			}
-		}
-		for name, s := range c.nodes {
-			if s.liveSlots != want[name] {
-				t.Fatalf("%s: node %s counts %d live slots, its bookings %d", step, name, s.liveSlots, want[name])
-			}
+		if err := c.checkInvariants(); err != nil {
+			t.Fatalf("%s: %v", step, err)
 		}
 	}
 	if _, err := c.SetNode("v1", schedtest.Inventory("n1", 4, 81920, false)); err != nil {
@@ -716,4 +740,50 @@ func TestLiveSlotsFollowBookings(t *testing.T) {
 	if s := c.nodes["n1"]; s.liveSlots != 0 {
 		t.Fatalf("%d live slots on an empty node", s.liveSlots)
 	}
+}
+
+// checkInvariants says what is wrong with the cache's indexes, if anything:
+// the address index is a subset of the name index (each carrier files the
+// state the name holds, and the state names it as its carrier, with raw its
+// own annotation); each node's live slots are those of its live bookings;
+// the refused index holds only records of pods.
+func (c *Cache) checkInvariants() error {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for carrier, s := range c.byCarrier {
+		if c.nodes[carrier.Name] != s {
+			return fmt.Errorf("byCarrier files node %s under an object whose name does not hold that state", carrier.Name)
+		}
+		if s.carrier != carrier {
+			return fmt.Errorf("byCarrier files node %s under an object that is not its carrier", carrier.Name)
+		}
+	}
+	for name, s := range c.nodes {
+		if s.carrier == nil {
+			continue
+		}
+		if c.byCarrier[s.carrier] != s {
+			return fmt.Errorf("node %s's carrier is not filed in byCarrier", name)
+		}
+		if raw := s.carrier.Annotations[gpu.AnnotationInventory]; raw != s.raw || unsafe.StringData(raw) != unsafe.StringData(s.raw) {
+			return fmt.Errorf("node %s's raw is not its carrier's annotation string", name)
+		}
+	}
+	want := map[string]int64{}
+	for _, rec := range c.pods {
+		if rec.booked && !rec.awaitingReclaim {
+			want[rec.assignment.Node] += slots(rec.assignment)
+		}
+	}
+	for name, s := range c.nodes {
+		if s.liveSlots != want[name] {
+			return fmt.Errorf("node %s counts %d live slots, its bookings %d", name, s.liveSlots, want[name])
+		}
+	}
+	for uid, rec := range c.refused {
+		if c.pods[uid] != rec && rec.refused {
+			return fmt.Errorf("refused record %s is no pod's", rec.name)
+		}
+	}
+	return nil
 }

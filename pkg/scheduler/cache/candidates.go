@@ -56,7 +56,7 @@ func (c *Cache) Candidates(a *allocator.Allocator, shape Shape, r *allocator.Req
 	c.candMu.Lock()
 	got := c.cands[shape]
 	c.candMu.Unlock()
-	if got != nil && got.epoch == c.epoch.Load() {
+	if got != nil && got.epoch == c.inventoryEpoch.Load() {
 		return got
 	}
 	built := c.buildCandidates(a, shape, r)
@@ -72,7 +72,7 @@ func (c *Cache) Candidates(a *allocator.Allocator, shape Shape, r *allocator.Req
 func (c *Cache) buildCandidates(a *allocator.Allocator, shape Shape, r *allocator.Request) *CandidateSet {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	out := &CandidateSet{epoch: c.epoch.Load(), Known: len(c.nodes) + len(c.bare)}
+	out := &CandidateSet{epoch: c.inventoryEpoch.Load(), Known: len(c.nodes) + len(c.bare)}
 	fits := make([]string, 0, len(c.nodes)+len(c.bare))
 	for name, s := range c.nodes {
 		if reason := s.fitsEmpty(a, shape, r); !reason.OK() {
@@ -129,7 +129,7 @@ func (c *Cache) SetBare(name string, bare bool) {
 	} else {
 		delete(c.bare, name)
 	}
-	c.epoch.Add(1)
+	c.inventoryEpoch.Add(1)
 }
 
 // InventoryBehind reports whether the scheduler's snapshot shows a node
