@@ -6,7 +6,7 @@ OPENB ?= ../shared/traces/openb
 # deprecation warnings (about 300 lines on a cold build) say nothing about Tessera.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: demo demo-sim test test-short rules images manifests apt-lists browser web-screenshot soak bench bench-allocate bench-sim bench-scheduler fuzz build vet fmt-check openb clean
+.PHONY: demo demo-sim test race test-short rules images manifests apt-lists browser web-screenshot soak bench bench-allocate bench-sim bench-scheduler fuzz build vet fmt-check openb clean
 
 ## demo: a local playground cluster (4 simulated nodes × 8 H100s) with a sample workload; prints where each pod landed.
 demo:
@@ -20,6 +20,12 @@ demo-sim:
 ## test: every test of the repository (vet, formatting and the Prometheus rules first); the openb replays need ../shared.
 test: vet fmt-check rules apt-lists browser bin/prometheus bin/kube-state-metrics
 	$(GO) test -count=1 -timeout 30m ./...
+	@$(MAKE) --no-print-directory race
+
+## race: the tests of the packages where goroutines meet (scheduler, agent, preemption, playground) under the race detector; part of make test.
+RACE_PKGS = ./pkg/scheduler/... ./pkg/agent/... ./pkg/preemption/... ./pkg/playground/...
+race:
+	$(GO) test -race -count=1 -timeout 30m $(RACE_PKGS)
 
 # The image test fetches the agent's Debian packages with apt-get download,
 # which needs apt's package lists; a fresh machine (CI) has none. Tests do not
