@@ -38,6 +38,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent/memlimit"
 	"github.com/tessera-gpu/tessera/pkg/agent/metrics"
 	"github.com/tessera-gpu/tessera/pkg/agent/mps"
+	"github.com/tessera-gpu/tessera/pkg/agent/nodepreempt"
 	"github.com/tessera-gpu/tessera/pkg/agent/reclaim"
 	"github.com/tessera-gpu/tessera/pkg/agent/tenants"
 	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
@@ -166,10 +167,8 @@ type Agent struct {
 	adj      *adjuster.Adjuster
 	lastEval time.Time
 
-	// Preemption: victims on this node, and the ones reclaimed lately.
-	reclaimer *reclaim.Reclaimer
-	preemptMu sync.Mutex
-	victims   map[types.UID]*victim
+	// preempt is the node's part of preemption (package nodepreempt).
+	preempt *nodepreempt.Preemptor
 	// refused are the pods refused their GPUs that still hold slots
 	// (refused.go).
 	refusedMu sync.Mutex
@@ -178,11 +177,6 @@ type Agent struct {
 	// series (events.go).
 	eventsMu   sync.Mutex
 	eventsSeen map[string]*eventSeries
-	// lastNoticeSweep is when preemptionPass last removed the notice
-	// directories of pods that left (its goroutine alone uses it).
-	lastNoticeSweep time.Time
-	reclaimed       []string
-
 	// timeSlices keeps time-shared GPUs at their class; nil when no way to
 	// set one was found (noTimeSlicer says why) or the node runs MPS.
 	timeSlices   *timeslice.Manager
@@ -204,8 +198,7 @@ type Agent struct {
 // nvml.ErrNoDriver, unless AllowNoGPU asks for an empty node.
 func New(opts Options) (*Agent, error) {
 	cfg := opts.Config
-	a := &Agent{opts: opts, health: health.New(cfg.Health.IgnoredXids, cfg.Health.QuietPeriod.Duration), reg: prometheus.NewRegistry(), m: newAgentMetrics(),
-		victims: map[types.UID]*victim{}}
+	a := &Agent{opts: opts, health: health.New(cfg.Health.IgnoredXids, cfg.Health.QuietPeriod.Duration), reg: prometheus.NewRegistry(), m: newAgentMetrics()}
 	adj, err := adjuster.New(cfg.Fragments)
 	if err != nil {
 		return nil, err
@@ -255,9 +248,10 @@ func New(opts Options) (*Agent, error) {
 	if a.MPS != nil {
 		pipe = a.MPS.PipeDir
 	}
+	a.preempt = a.newPreemptor()
 	var noticeDir deviceplugin.NoticeDir
 	if opts.NoticeRoot != "" {
-		noticeDir = a.NoticeDir
+		noticeDir = a.preempt.NoticeDir
 	}
 	dpc := deviceplugin.Config{Node: opts.Node, SchedulerNames: opts.SchedulerNames, Holder: opts.Holder, Pods: opts.Pods, PipeDir: pipe, CDIDir: opts.CDIDir, NoticeDir: noticeDir,
 		PreStarted: a.preStarted}
@@ -284,14 +278,6 @@ func New(opts Options) (*Agent, error) {
 		}
 		a.Sampler = metrics.NewSampler(opts.Node, a.gpus, res, a.health, slices, cfg.Stall.Window.Duration)
 		a.register(a.Sampler)
-		kill := opts.Kill
-		if kill == nil {
-			kill = func(pid uint32) error { return syscall.Kill(int(pid), syscall.SIGKILL) }
-		}
-		a.reclaimer = &reclaim.Reclaimer{GPUs: a.gpus, ProcRoot: opts.ProcRoot, Kill: kill, Wait: 5 * time.Second, Poll: 100 * time.Millisecond}
-		if a.MPS != nil {
-			a.reclaimer.Terminate = a.MPS.TerminateClient
-		}
 	}
 	if len(a.timeShared()) > 0 {
 		setter, err := timeSlicer(opts)
@@ -306,7 +292,30 @@ func New(opts Options) (*Agent, error) {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tessera_agent_build_info", Help: "1, with the agent's version and revision.",
 			ConstLabels: prometheus.Labels{"node": opts.Node, "version": version.Version, "revision": version.Rev()}}, func() float64 { return 1 }))
 	a.register(a.m.collectors()...)
+	a.register(a.preempt.Collectors()...)
 	return a, nil
+}
+
+// newPreemptor is the node's part of preemption, on this agent's GPUs,
+// health tracker, events and inventory.
+func (a *Agent) newPreemptor() *nodepreempt.Preemptor {
+	cfg := nodepreempt.Config{Node: a.opts.Node, Client: a.opts.Client, NodePods: a.opts.NodePods, NoticeRoot: a.opts.NoticeRoot,
+		Signal: a.opts.Signal, Quarantine: a.health.Fault, Event: a.event,
+		Publish: func(ctx context.Context) error { return a.Refresh(ctx, time.Now()) }}
+	for _, d := range a.devices {
+		cfg.GPUs = append(cfg.GPUs, d.UUID)
+	}
+	if a.gpus != nil {
+		kill := a.opts.Kill
+		if kill == nil {
+			kill = func(pid uint32) error { return syscall.Kill(int(pid), syscall.SIGKILL) }
+		}
+		cfg.Reclaimer = &reclaim.Reclaimer{GPUs: a.gpus, ProcRoot: a.opts.ProcRoot, Kill: kill, Wait: 5 * time.Second, Poll: 100 * time.Millisecond}
+		if a.MPS != nil {
+			cfg.Reclaimer.Terminate = a.MPS.TerminateClient
+		}
+	}
+	return nodepreempt.New(cfg)
 }
 
 // mpsCheckEvery is how often each MPS daemon is asked whether it lives and
@@ -335,10 +344,6 @@ func (a *Agent) seriesLabels(uuid string, extra ...string) []string {
 // event (a series born at 1 has no increase).
 func (a *Agent) zeroCounters() {
 	node := a.opts.Node
-	for _, r := range []string{"clean", "killed", "stuck"} {
-		a.m.reclaims.WithLabelValues(node, r)
-	}
-	a.m.reclaimKilled.WithLabelValues(node)
 	a.m.assignmentChanges.WithLabelValues(node)
 	for _, d := range a.devices {
 		if a.MPS != nil {
@@ -438,7 +443,7 @@ func (a *Agent) Inventory(now time.Time) *gpu.NodeInventory {
 		}
 		inv.GPUs = append(inv.GPUs, dev)
 	}
-	inv.Reclaimed = a.reclaimedList()
+	inv.Reclaimed = a.preempt.Reclaimed()
 	return inv
 }
 
@@ -768,7 +773,7 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 			logger.V(2).Info("Collected CDI specs of finished containers", "count", n)
 		}
 	}, collectEvery)
-	go wait.UntilWithContext(ctx, func(ctx context.Context) { a.preemptionPass(ctx, time.Now()) }, 250*time.Millisecond)
+	go wait.UntilWithContext(ctx, func(ctx context.Context) { a.preempt.Pass(ctx, time.Now()) }, 250*time.Millisecond)
 	if a.opts.AssignmentChanges != nil {
 		go a.reportAssignmentChanges(ctx)
 	}

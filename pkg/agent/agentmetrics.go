@@ -14,8 +14,6 @@ import (
 type agentMetrics struct {
 	mpsRestarts, mpsLimitChanges    *prometheus.CounterVec
 	assignmentChanges, sliceChanges *prometheus.CounterVec
-	reclaims, reclaimKilled         *prometheus.CounterVec
-	reclaimDuration                 *prometheus.HistogramVec
 	refusedSlots, timeSliceClass    *prometheus.GaugeVec
 	timeSliceFailures               *prometheus.CounterVec
 }
@@ -35,19 +33,6 @@ func newAgentMetrics() *agentMetrics {
 		sliceChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tessera_gpu_slice_changes_total", Help: "Changes of a GPU's slice count by the forecast-driven adjuster, by direction.",
 		}, append(append([]string{}, gpu.SeriesLabels...), "direction")),
-		reclaims: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tessera_reclaim_total",
-			Help: "Preempted pods whose GPUs the agent checked, by result: clean (no process left), killed (leftovers killed), stuck (a leftover survived; its GPU was taken out of service).",
-		}, []string{"node", "result"}),
-		reclaimKilled: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tessera_reclaim_killed_processes_total",
-			Help: "Leftover GPU processes of preempted pods killed by the agent.",
-		}, []string{"node"}),
-		reclaimDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "tessera_reclaim_duration_seconds",
-			Help:    "Time the reclaim of a preempted pod that left took: the check of its GPUs' processes, kills and the wait for them included.",
-			Buckets: prometheus.ExponentialBuckets(0.001, 4, 9),
-		}, []string{"node"}),
 		refusedSlots: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tessera_agent_refused_slots",
 			Help: "Device-plugin slots held by pods whose GPUs the agent refused: kubelet gives them to no other pod until those pods are deleted.",
@@ -63,6 +48,6 @@ func newAgentMetrics() *agentMetrics {
 }
 
 func (m *agentMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.mpsRestarts, m.mpsLimitChanges, m.sliceChanges, m.reclaims, m.reclaimKilled, m.reclaimDuration,
+	return []prometheus.Collector{m.mpsRestarts, m.mpsLimitChanges, m.sliceChanges,
 		m.timeSliceClass, m.timeSliceFailures, m.assignmentChanges, m.refusedSlots}
 }

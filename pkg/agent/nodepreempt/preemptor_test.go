@@ -1,4 +1,4 @@
-package agent
+package nodepreempt
 
 import (
 	"context"
@@ -20,9 +20,12 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/tessera-gpu/tessera/pkg/apis/config"
+	"github.com/tessera-gpu/tessera/pkg/agent/reclaim"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/nvml"
 	"github.com/tessera-gpu/tessera/pkg/nvml/nvmltest"
 	"github.com/tessera-gpu/tessera/pkg/preemption"
 )
@@ -78,18 +81,14 @@ func TestNoticeReachesTheWorkload(t *testing.T) {
 	}}, Spec: v1.PodSpec{NodeName: "n1"}, Status: v1.PodStatus{Phase: v1.PodRunning, PodIP: "127.0.0.1"}}
 
 	noticeRoot := t.TempDir()
-	a, err := New(Options{Node: "n1", Config: config.Default(), Client: newNode(), NVML: srv, CDIDir: t.TempDir(),
-		ProcRoot: procRoot, NodePods: func() []*v1.Pod { return []*v1.Pod{victim} }, NoticeRoot: noticeRoot,
-		Signal: func(pid uint32, sig syscall.Signal) error {
-			mu.Lock()
-			defer mu.Unlock()
-			signalled = append(signalled, fmt.Sprintf("%d:%v", pid, sig))
-			return nil
-		}})
-	if err != nil {
-		t.Fatal(err)
+	signal := func(pid uint32, sig syscall.Signal) error {
+		mu.Lock()
+		defer mu.Unlock()
+		signalled = append(signalled, fmt.Sprintf("%d:%v", pid, sig))
+		return nil
 	}
-	a.preemptionPass(context.Background(), time.Now())
+	a := newTestPreemptor(t, srv, procRoot, noticeRoot, func() []*v1.Pod { return []*v1.Pod{victim} }, fake.NewClientset(), signal)
+	a.Pass(context.Background(), time.Now())
 
 	b, err := os.ReadFile(filepath.Join(noticeRoot, uid, preemption.NoticeFile))
 	if err != nil {
@@ -167,13 +166,9 @@ func TestNoticeTrustsNothingThePodPlaced(t *testing.T) {
 	victim := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: "lab", UID: uid, Annotations: map[string]string{
 		gpu.AnnotationAssignment: asg, preemption.AnnotationNotice: n.Encode(), preemption.AnnotationURL: "http://:" + port + "/checkpoint",
 	}}, Spec: v1.PodSpec{NodeName: "n1"}, Status: v1.PodStatus{Phase: v1.PodRunning, PodIP: "127.0.0.1"}}
-	client := newNode()
-	a, err := New(Options{Node: "n1", Config: config.Default(), Client: client, NVML: srv, CDIDir: t.TempDir(),
-		ProcRoot: t.TempDir(), NodePods: func() []*v1.Pod { return []*v1.Pod{victim} }, NoticeRoot: noticeRoot})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.preemptionPass(context.Background(), time.Now())
+	client := fake.NewClientset()
+	a := newTestPreemptor(t, srv, t.TempDir(), noticeRoot, func() []*v1.Pod { return []*v1.Pod{victim} }, client, nil)
+	a.Pass(context.Background(), time.Now())
 
 	if b, _ := os.ReadFile(hostFile); string(b) != "root:x:0:0" {
 		t.Fatalf("the host file behind the pod's symlink now holds %q", b)
@@ -213,13 +208,9 @@ func TestNoticeDirsOfPodsThatLeftAreRemoved(t *testing.T) {
 		}
 	}
 	live := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "live"}, Spec: v1.PodSpec{NodeName: "n1"}}
-	a, err := New(Options{Node: "n1", Config: config.Default(), Client: newNode(), NVML: srv, CDIDir: t.TempDir(),
-		ProcRoot: t.TempDir(), NodePods: func() []*v1.Pod { return []*v1.Pod{live} }, NoticeRoot: root})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := newTestPreemptor(t, srv, t.TempDir(), root, func() []*v1.Pod { return []*v1.Pod{live} }, fake.NewClientset(), nil)
 	a.victims["reclaiming"] = &victim{namespace: "ns", name: "v", reclaiming: true}
-	a.preemptionPass(context.Background(), time.Now())
+	a.Pass(context.Background(), time.Now())
 	entries, _ := os.ReadDir(root)
 	var left []string
 	for _, e := range entries {
@@ -248,24 +239,20 @@ func TestVictimThatLeftWhileTheAgentWasAwayIsReclaimed(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "victim-left", preemption.NoticeFile), []byte(`{"preemptor":"ns/big"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(Options{Node: "n1", Config: config.Default(), Client: newNode(), NVML: srv, CDIDir: t.TempDir(),
-		ProcRoot: t.TempDir(), NodePods: func() []*v1.Pod { return nil }, NoticeRoot: root})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.preemptionPass(context.Background(), time.Now())
+	a := newTestPreemptor(t, srv, t.TempDir(), root, func() []*v1.Pod { return nil }, fake.NewClientset(), nil)
+	a.Pass(context.Background(), time.Now())
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		_, err := os.Stat(filepath.Join(root, "victim-left"))
-		if slices.Contains(a.reclaimedList(), "victim-left") && os.IsNotExist(err) {
+		if slices.Contains(a.Reclaimed(), "victim-left") && os.IsNotExist(err) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the victim that left is not reclaimed: listed %v, its directory: %v", a.reclaimedList(), err)
+			t.Fatalf("the victim that left is not reclaimed: listed %v, its directory: %v", a.Reclaimed(), err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if slices.Contains(a.reclaimedList(), "tenant-left") {
+	if slices.Contains(a.Reclaimed(), "tenant-left") {
 		t.Error("a pod that was no victim is listed as reclaimed")
 	}
 	for _, uid := range []string{"victim-left", "tenant-left"} {
@@ -273,4 +260,28 @@ func TestVictimThatLeftWhileTheAgentWasAwayIsReclaimed(t *testing.T) {
 			t.Errorf("notice directory %s left: %v", uid, err)
 		}
 	}
+}
+
+// newTestPreemptor is a Preemptor on node n1 over the mock driver srv, as
+// the agent makes it, with events and quarantines dropped.
+func newTestPreemptor(t *testing.T, srv gonvml.Interface, procRoot, noticeRoot string, pods func() []*v1.Pod, client kubernetes.Interface,
+	signal func(uint32, syscall.Signal) error) *Preemptor {
+	t.Helper()
+	c, err := nvml.New(srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	devices, err := c.Devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Node: "n1", Client: client, NodePods: pods, NoticeRoot: noticeRoot, Signal: signal,
+		Reclaimer:  &reclaim.Reclaimer{GPUs: c, ProcRoot: procRoot, Kill: func(uint32) error { return nil }, Wait: time.Second, Poll: 10 * time.Millisecond},
+		Quarantine: func(string, time.Time, string) {},
+		Event:      func(context.Context, time.Time, string, string, string, string) {},
+		Publish:    func(context.Context) error { return nil }}
+	for _, d := range devices {
+		cfg.GPUs = append(cfg.GPUs, d.UUID)
+	}
+	return New(cfg)
 }
