@@ -139,9 +139,9 @@ type Agent struct {
 	gpus    *nvml.Client // nil on an empty node
 	devices []nvml.DeviceInfo
 	health  *health.Tracker
-	Plugin  *deviceplugin.Plugin
-	MPS     *mps.Manager
-	Sampler *metrics.Sampler
+	plugin  *deviceplugin.Plugin
+	mpsMgr  *mps.Manager // nil unless the node runs MPS
+	sampler *metrics.Sampler
 	reg     *prometheus.Registry
 	// m are this agent's event series (agentmetrics.go), registered on reg.
 	m *agentMetrics
@@ -231,7 +231,7 @@ func New(opts Options) (*Agent, error) {
 				gs = append(gs, mps.GPU{UUID: d.UUID, DefaultThreadPercentage: 100})
 			}
 		}
-		a.MPS = mps.New(mps.Config{Binary: opts.MPSBinary, Root: opts.MPSRoot, GPUs: gs, PrepareGPU: a.exclusiveProcess,
+		a.mpsMgr = mps.New(mps.Config{Binary: opts.MPSBinary, Root: opts.MPSRoot, GPUs: gs, PrepareGPU: a.exclusiveProcess,
 			OnRestart: func(uuid string, cause error) {
 				a.m.mpsRestarts.WithLabelValues(a.seriesLabels(uuid)...).Inc()
 				note := cause.Error()
@@ -245,8 +245,8 @@ func New(opts Options) (*Agent, error) {
 			OnTamper: a.mpsTampered})
 	}
 	pipe := func(uuid string) string { return "" }
-	if a.MPS != nil {
-		pipe = a.MPS.PipeDir
+	if a.mpsMgr != nil {
+		pipe = a.mpsMgr.PipeDir
 	}
 	a.preempt = a.newPreemptor()
 	var noticeDir deviceplugin.NoticeDir
@@ -266,7 +266,7 @@ func New(opts Options) (*Agent, error) {
 		// was granted before it, whoever wrote it.
 		dpc.Inventory, dpc.NodePods, dpc.MemoryOversubscription = a.publishedGPUs, opts.NodePods, opts.Config.Allocator.MemoryOversubscription
 	}
-	a.Plugin = deviceplugin.New(dpc)
+	a.plugin = deviceplugin.New(dpc)
 	if a.gpus != nil {
 		var res *tenants.Resolver
 		if opts.NodePods != nil {
@@ -276,8 +276,8 @@ func New(opts Options) (*Agent, error) {
 		if opts.NodePods != nil {
 			slices = a.slices
 		}
-		a.Sampler = metrics.NewSampler(opts.Node, a.gpus, res, a.health, slices, cfg.Stall.Window.Duration)
-		a.register(a.Sampler)
+		a.sampler = metrics.NewSampler(opts.Node, a.gpus, res, a.health, slices, cfg.Stall.Window.Duration)
+		a.register(a.sampler)
 	}
 	if len(a.timeShared()) > 0 {
 		setter, err := timeSlicer(opts)
@@ -311,12 +311,17 @@ func (a *Agent) newPreemptor() *nodepreempt.Preemptor {
 			kill = func(pid uint32) error { return syscall.Kill(int(pid), syscall.SIGKILL) }
 		}
 		cfg.Reclaimer = &reclaim.Reclaimer{GPUs: a.gpus, ProcRoot: a.opts.ProcRoot, Kill: kill, Wait: 5 * time.Second, Poll: 100 * time.Millisecond}
-		if a.MPS != nil {
-			cfg.Reclaimer.Terminate = a.MPS.TerminateClient
+		if a.mpsMgr != nil {
+			cfg.Reclaimer.Terminate = a.mpsMgr.TerminateClient
 		}
 	}
 	return nodepreempt.New(cfg)
 }
+
+// MPSManager is the node's MPS daemons' manager, nil where the node does
+// not run MPS: the playground sends its daemons a tenant's commands and
+// stops them on its way down.
+func (a *Agent) MPSManager() *mps.Manager { return a.mpsMgr }
 
 // mpsCheckEvery is how often each MPS daemon is asked whether it lives and
 // its limits read back: a limit a client changes through the control
@@ -346,7 +351,7 @@ func (a *Agent) zeroCounters() {
 	node := a.opts.Node
 	a.m.assignmentChanges.WithLabelValues(node)
 	for _, d := range a.devices {
-		if a.MPS != nil {
+		if a.mpsMgr != nil {
 			a.m.mpsRestarts.WithLabelValues(a.seriesLabels(d.UUID)...)
 			a.m.mpsLimitChanges.WithLabelValues(a.seriesLabels(d.UUID)...)
 		}
@@ -435,7 +440,7 @@ func (a *Agent) Inventory(now time.Time) *gpu.NodeInventory {
 	inv := &gpu.NodeInventory{Node: a.opts.Node, GPUs: []gpu.Device{}}
 	for _, d := range a.devices {
 		ok, _, _ := a.health.Healthy(d.UUID, now)
-		dev := d.Device(ok, a.MPS != nil)
+		dev := d.Device(ok, a.mpsMgr != nil)
 		dev.Slices = a.slicesOf(d.UUID)
 		if a.gpus != nil {
 			o := a.offer(d.UUID)
@@ -499,7 +504,7 @@ func (a *Agent) Refresh(ctx context.Context, now time.Time) error {
 	for _, g := range inv.GPUs {
 		slots = append(slots, deviceplugin.GPUSlots{UUID: g.UUID, Slices: g.Slices, Healthy: g.Healthy})
 	}
-	a.Plugin.SetGPUs(slots)
+	a.plugin.SetGPUs(slots)
 	published := *inv // what the next Refresh compares with: GPUs only
 	// CPU and memory come from the Node's allocatable (kubelet's numbers).
 	if n, err := a.opts.Client.CoreV1().Nodes().Get(ctx, a.opts.Node, metav1.GetOptions{}); err == nil {
@@ -704,7 +709,7 @@ func (c modeCollector) Collect(ch chan<- prometheus.Metric) {
 		switch {
 		case d.MIGEnabled:
 			mode = "mig"
-		case c.a.MPS != nil:
+		case c.a.mpsMgr != nil:
 			mode = string(gpu.ModeMPS)
 		}
 		ch <- prometheus.MustNewConstMetric(gpuModeDesc, prometheus.GaugeValue, 1, c.a.seriesLabels(d.UUID, mode)...)
@@ -744,13 +749,13 @@ func (a *Agent) MetricsHandler() http.Handler {
 // when empty: the caller serves MetricsHandler itself).
 func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 	logger := klog.FromContext(ctx)
-	if a.MPS != nil {
-		if err := a.MPS.Start(ctx); err != nil {
+	if a.mpsMgr != nil {
+		if err := a.mpsMgr.Start(ctx); err != nil {
 			return fmt.Errorf("MPS: %w", err)
 		}
-		go a.MPS.Run(ctx, mpsCheckEvery)
+		go a.mpsMgr.Run(ctx, mpsCheckEvery)
 	}
-	if a.gpus != nil && a.MPS == nil {
+	if a.gpus != nil && a.mpsMgr == nil {
 		a.prepareTimeShared(ctx)
 		if a.noTimeSlicer != nil {
 			logger.Error(a.noTimeSlicer, "Time-shared GPUs keep the driver's default time slice")
@@ -761,13 +766,13 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 		return err
 	}
 	errc := make(chan error, 3)
-	go func() { errc <- a.Plugin.Run(ctx, pluginDir, time.Second) }()
+	go func() { errc <- a.plugin.Run(ctx, pluginDir, time.Second) }()
 	collectEvery := a.opts.SpecCollectEvery
 	if collectEvery <= 0 {
 		collectEvery = 30 * time.Second
 	}
 	go wait.UntilWithContext(ctx, func(ctx context.Context) {
-		if n, err := a.Plugin.CollectSpecs(ctx); err != nil {
+		if n, err := a.plugin.CollectSpecs(ctx); err != nil {
 			logger.Error(err, "Collecting CDI specs of finished containers failed")
 		} else if n > 0 {
 			logger.V(2).Info("Collected CDI specs of finished containers", "count", n)
@@ -806,10 +811,10 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 		}()
 		go wait.UntilWithContext(ctx, func(ctx context.Context) {
 			now := time.Now()
-			if err := a.Sampler.Pass(now); err != nil {
+			if err := a.sampler.Pass(now); err != nil {
 				logger.V(2).Info("Sampling pass incomplete", "err", err)
 			}
-			a.Adjust(ctx, a.Sampler.Utilization(), now)
+			a.Adjust(ctx, a.sampler.Utilization(), now)
 			a.applyTimeSlices(ctx, now)
 			if err := a.Refresh(ctx, now); err != nil {
 				logger.Error(err, "Publishing the GPU inventory failed")

@@ -26,11 +26,11 @@ func (a *Agent) Doctor(ctx context.Context) []doctor.Finding {
 		return nil
 	}
 	var query doctor.MPSQuery
-	if a.MPS != nil {
-		query = func(uuid, command string) (string, error) { return a.MPS.Control(ctx, uuid, command) }
+	if a.mpsMgr != nil {
+		query = func(uuid, command string) (string, error) { return a.mpsMgr.Control(ctx, uuid, command) }
 	}
 	return doctor.DiagnoseNode(ctx, os.DirFS(a.opts.HostRoot), a.opts.NVML, nil, query,
-		doctor.NodeOptions{MPS: a.MPS != nil, InAgent: true}, doctorTimeout)
+		doctor.NodeOptions{MPS: a.mpsMgr != nil, InAgent: true}, doctorTimeout)
 }
 
 // DoctorHandler serves Doctor's findings as JSON (GET /doctor on the

@@ -98,7 +98,7 @@ func TestEventCountersStartAtZero(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Sampler.Pass(time.Now()); err != nil {
+	if err := a.sampler.Pass(time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	rec := httptest.NewRecorder()

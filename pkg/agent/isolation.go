@@ -78,7 +78,7 @@ func (a *Agent) probeIsolation(ctx context.Context) {
 			st.offers[d.UUID] = gpu.IsolationOffer{Why: "MIG is enabled: Tessera does not slice this GPU"}
 			continue
 		}
-		o := gpu.IsolationOffer{KernelMemoryLimits: kernel[d.UUID], MPSLimits: a.MPS != nil, TimeSliceClasses: a.MPS == nil && a.timeSlices != nil}
+		o := gpu.IsolationOffer{KernelMemoryLimits: kernel[d.UUID], MPSLimits: a.mpsMgr != nil, TimeSliceClasses: a.mpsMgr == nil && a.timeSlices != nil}
 		var reasons []string
 		if !o.KernelMemoryLimits {
 			switch {
@@ -90,7 +90,7 @@ func (a *Agent) probeIsolation(ctx context.Context) {
 				reasons = append(reasons, "kernel memory limits: "+probeErr.Error())
 			}
 		}
-		if a.MPS == nil && a.timeSlices == nil && a.noTimeSlicer != nil {
+		if a.mpsMgr == nil && a.timeSlices == nil && a.noTimeSlicer != nil {
 			reasons = append(reasons, "time-slice classes: "+a.noTimeSlicer.Error())
 		}
 		o.Why = strings.Join(reasons, "; ")
@@ -194,7 +194,7 @@ func (a *Agent) activePods(starting *v1.Pod) []activePod {
 func (a *Agent) limitedGPUs() []gpu.Device {
 	out := make([]gpu.Device, 0, len(a.devices))
 	for _, d := range a.devices {
-		dev := d.Device(true, a.MPS != nil)
+		dev := d.Device(true, a.mpsMgr != nil)
 		o := a.offer(d.UUID)
 		dev.Isolation = &o
 		out = append(out, dev)
@@ -263,15 +263,15 @@ func (a *Agent) mpsServerLimits(ctx context.Context, uuid string, pods []activeP
 	want := gpu.MPSServerLimitsFor(grants)
 	a.mpsLimitsMu.Lock()
 	defer a.mpsLimitsMu.Unlock()
-	if got, ok := a.MPS.ServerLimits(uuid); !ok || got != want {
-		if err := a.MPS.SetServerLimits(ctx, uuid, want); err != nil {
+	if got, ok := a.mpsMgr.ServerLimits(uuid); !ok || got != want {
+		if err := a.mpsMgr.SetServerLimits(ctx, uuid, want); err != nil {
 			return gpu.MPSServerLimits{}, err
 		}
 		klog.FromContext(ctx).V(2).Info("MPS server limits set", "gpu", uuid, "threadPercent", want.ThreadPercent, "memoryMiB", want.MemoryMiB, "tenants", len(grants))
 	}
 	// Not what the agent last set, but what the daemon reports now: a
 	// client may have changed it through the control endpoint.
-	if !a.MPS.Ensure(ctx, uuid) {
+	if !a.mpsMgr.Ensure(ctx, uuid) {
 		return unverifiedServer, nil
 	}
 	return want, nil
@@ -283,7 +283,7 @@ func (a *Agent) mpsServerLimits(ctx context.Context, uuid string, pods []activeP
 // container.
 func (a *Agent) isolate(ctx context.Context, pod *v1.Pod, c gpu.ContainerAssignment) ([]gpu.Guarantee, error) {
 	pods := a.activePods(pod)
-	if c.Mode == gpu.ModeMPS && a.MPS != nil {
+	if c.Mode == gpu.ModeMPS && a.mpsMgr != nil {
 		for _, g := range c.GPUs {
 			l, err := a.mpsServerLimits(ctx, g.UUID, pods)
 			if err != nil {
@@ -420,7 +420,7 @@ func (a *Agent) reconcileIsolation(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	pods := a.activePods(nil)
 	a.forgetEndedMPSClients(pods)
-	if a.MPS != nil {
+	if a.mpsMgr != nil {
 		for _, d := range a.devices {
 			if d.MIGEnabled {
 				continue

@@ -299,10 +299,10 @@ func TestMPSGuaranteesFollowConnectTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.a = a
-	if err := a.MPS.Start(ctx); err != nil {
+	if err := a.mpsMgr.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = a.MPS.Stop(ctx) }()
+	defer func() { _ = a.mpsMgr.Stop(ctx) }()
 	uuid, _ := srv.Devices[0].GetUUID()
 	start := func(name string, cores int, mem int64) gpu.Guarantee {
 		t.Helper()
@@ -324,7 +324,7 @@ func TestMPSGuaranteesFollowConnectTime(t *testing.T) {
 		t.Fatalf("%s not active", name)
 		return gpu.Guarantee{}
 	}
-	server := func() gpu.MPSServerLimits { l, _ := a.MPS.ServerLimits(uuid); return l }
+	server := func() gpu.MPSServerLimits { l, _ := a.mpsMgr.ServerLimits(uuid); return l }
 	held := gpu.Guarantee{Memory: gpu.MechanismMPSServer, Compute: gpu.MechanismMPSServer}
 	cooperating := gpu.Guarantee{Memory: gpu.MechanismMPSClient, Compute: gpu.MechanismMPSClient}
 
@@ -353,7 +353,7 @@ func TestMPSGuaranteesFollowConnectTime(t *testing.T) {
 	if g := start("late-4", 50, 8192); g != held {
 		t.Errorf("a tenant connecting under the lowered server: %v, want %v", g, held)
 	}
-	if out, err := a.MPS.Control(ctx, uuid, "get_default_active_thread_percentage"); err != nil || out != "50" {
+	if out, err := a.mpsMgr.Control(ctx, uuid, "get_default_active_thread_percentage"); err != nil || out != "50" {
 		t.Errorf("the daemon's default active thread percentage: %q, %v", out, err)
 	}
 
@@ -363,13 +363,13 @@ func TestMPSGuaranteesFollowConnectTime(t *testing.T) {
 	// it is claimed held no more.
 	tamper := func() {
 		t.Helper()
-		pid, err := a.MPS.Control(ctx, uuid, "get_server_list")
+		pid, err := a.mpsMgr.Control(ctx, uuid, "get_server_list")
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, c := range []string{"set_default_active_thread_percentage 100", "set_default_device_pinned_mem_limit 0 81920M",
 			"set_active_thread_percentage " + pid + " 100", "set_device_pinned_mem_limit " + pid + " 0 81920M"} {
-			if out, err := a.MPS.Control(ctx, uuid, c); err != nil {
+			if out, err := a.mpsMgr.Control(ctx, uuid, c); err != nil {
 				t.Fatalf("%s: %v: %s", c, err, out)
 			}
 		}
@@ -379,8 +379,8 @@ func TestMPSGuaranteesFollowConnectTime(t *testing.T) {
 	}
 	before := changes()
 	tamper()
-	a.MPS.Check(ctx)
-	if out, _ := a.MPS.Control(ctx, uuid, "get_default_active_thread_percentage"); out != "50" {
+	a.mpsMgr.Check(ctx)
+	if out, _ := a.mpsMgr.Control(ctx, uuid, "get_default_active_thread_percentage"); out != "50" {
 		t.Errorf("after the check the default active thread percentage is %q, want 50 restored", out)
 	}
 	if d := changes() - before; d != 1 {

@@ -19,7 +19,7 @@ const timeSliceRetry = time.Minute
 // timeShared is the GPUs this agent time-slices: every GPU of a node not in
 // MPS mode, but for MIG-partitioned ones, which Tessera does not slice.
 func (a *Agent) timeShared() []string {
-	if a.MPS != nil || a.gpus == nil {
+	if a.mpsMgr != nil || a.gpus == nil {
 		return nil
 	}
 	var out []string

@@ -486,14 +486,14 @@ func (n *Node) MPSCommand(ctx context.Context, i int, command string) (string, e
 	n.agentMu.Lock()
 	a := n.agent
 	n.agentMu.Unlock()
-	if a.MPS == nil {
+	if a.MPSManager() == nil {
 		return "", fmt.Errorf("node %s runs no MPS", n.Name)
 	}
 	uuid, ret := n.NVML.Devices[i].GetUUID()
 	if ret != 0 {
 		return "", fmt.Errorf("node %s GPU %d: no UUID", n.Name, i)
 	}
-	return a.MPS.Control(ctx, uuid, command)
+	return a.MPSManager().Control(ctx, uuid, command)
 }
 
 // RestartKubelet restarts the node's stand-in kubelet: its containers run on,
@@ -572,9 +572,9 @@ func (c *Cluster) Down() {
 			n.load.hang(false) // an agent held in NVML could not stop
 			n.cancel()
 			<-n.done
-			if n.agent != nil && n.agent.MPS != nil {
+			if n.agent != nil && n.agent.MPSManager() != nil {
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				if err := n.agent.MPS.Stop(ctx); err != nil {
+				if err := n.agent.MPSManager().Stop(ctx); err != nil {
 					logger.Error(err, "Stopping the MPS daemons", "node", n.Name)
 				}
 				cancel()
