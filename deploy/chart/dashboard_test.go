@@ -13,28 +13,34 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/tessera-gpu/tessera/pkg/agent"
-	"github.com/tessera-gpu/tessera/pkg/nvml/nvmltest"
+	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/nvml/nvmltest"
 	"github.com/tessera-gpu/tessera/pkg/scheduler"
 )
 
 // exported maps every metric family Tessera's components serve to its
-// label names, read from the collectors' own descriptors: an agent on
-// go-nvml's H100 mock and the scheduler plugin.
+// label names, read from the collectors' own descriptors: the agents of an
+// MPS node and of a time-sliced node on go-nvml's H100 mock (each exports
+// its mode's families), and the scheduler plugin.
 func exported(t *testing.T) map[string]map[string]bool {
 	t.Helper()
-	srv := dgxh100.New()
-	nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{} })
-	client := fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "dash-node"}})
-	a, err := agent.New(agent.Options{Node: "dash-node", Config: config.Default(), Client: client, NVML: srv,
-		MPS: true, MPSBinary: "/nonexistent", MPSRoot: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
+	descs := scheduler.MetricDescs()
+	for _, mps := range []bool{true, false} {
+		srv := dgxh100.New()
+		nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{} })
+		client := fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "dash-node"}})
+		a, err := agent.New(agent.Options{Node: "dash-node", Config: config.Default(), Client: client, NVML: srv,
+			MPS: mps, MPSBinary: "/nonexistent", MPSRoot: t.TempDir(), TimeSlicer: &timeslice.Recorder{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		descs = append(descs, a.MetricDescs()...)
 	}
 	out := map[string]map[string]bool{}
 	desc := regexp.MustCompile(`fqName: "([^"]+)".*?constLabels: \{([^}]*)\}, variableLabels: \{([^}]*)\}`)
-	for _, d := range append(a.MetricDescs(), scheduler.MetricDescs()...) {
+	for _, d := range descs {
 		m := desc.FindStringSubmatch(d.String())
 		if m == nil {
 			t.Fatalf("cannot read descriptor %s", d)

@@ -177,9 +177,10 @@ type Agent struct {
 	// series (events.go).
 	eventsMu   sync.Mutex
 	eventsSeen map[string]*eventSeries
-	// timeSlices keeps time-shared GPUs at their class; nil when no way to
-	// set one was found (noTimeSlicer says why) or the node runs MPS.
-	timeSlices   *timeslice.Manager
+	// timeSlices keeps time-shared GPUs at their class (nil where the node
+	// runs MPS or has no time-shared GPU); it is not Enabled where no way
+	// to set one was found, and noTimeSlicer says why.
+	timeSlices   *timeslice.Controller
 	noTimeSlicer error
 
 	// Isolation (isolation.go): the kernel memory limiter (nil without a
@@ -279,12 +280,12 @@ func New(opts Options) (*Agent, error) {
 		a.sampler = metrics.NewSampler(opts.Node, a.gpus, res, a.health, slices, cfg.Stall.Window.Duration)
 		a.register(a.sampler)
 	}
-	if len(a.timeShared()) > 0 {
+	if shared := a.timeShared(); len(shared) > 0 {
 		setter, err := timeSlicer(opts)
 		a.noTimeSlicer = err
-		if setter != nil {
-			a.timeSlices = timeslice.NewManager(setter, timeSliceRetry)
-		}
+		labels := func(uuid string) []string { return a.seriesLabels(uuid) }
+		a.timeSlices = timeslice.NewController(setter, shared, labels, a.event)
+		a.register(a.timeSlices.Collectors()...)
 	}
 	a.zeroCounters()
 	a.probeIsolation(klog.NewContext(context.Background(), klog.Background()))
@@ -358,9 +359,6 @@ func (a *Agent) zeroCounters() {
 		for _, dir := range []string{"up", "down"} {
 			a.m.sliceChanges.WithLabelValues(a.seriesLabels(d.UUID, dir)...)
 		}
-	}
-	for _, uuid := range a.timeShared() {
-		a.m.timeSliceFailures.WithLabelValues(a.seriesLabels(uuid)...)
 	}
 }
 

@@ -253,7 +253,7 @@ func TestTimeSharedGPUsGetTheirClass(t *testing.T) {
 	if c := class(uuid0); c != timeslice.Long {
 		t.Fatalf("after the inference tenant left: GPU 0 %v", c)
 	}
-	if v := testutil.ToFloat64(a.m.timeSliceClass.WithLabelValues(a.seriesLabels(uuid0)...)); v != float64(timeslice.Long) {
+	if v := gpuSeries(t, a, "tessera_gpu_timeslice_class", uuid0); v != float64(timeslice.Long) {
 		t.Fatalf("tessera_gpu_timeslice_class = %v", v)
 	}
 
@@ -270,7 +270,7 @@ func TestTimeSharedGPUsGetTheirClass(t *testing.T) {
 	if fail.calls != 8 {
 		t.Fatalf("%d nvidia-smi runs for 8 GPUs in 30 s", fail.calls)
 	}
-	if v := testutil.ToFloat64(b.m.timeSliceFailures.WithLabelValues(b.seriesLabels(uuid1)...)); v < 1 {
+	if v := gpuSeries(t, b, "tessera_gpu_timeslice_failures_total", uuid1); v < 1 {
 		t.Fatalf("tessera_gpu_timeslice_failures_total = %v", v)
 	}
 	evs, err := client.EventsV1().Events("default").List(ctx, metav1.ListOptions{})
@@ -540,4 +540,28 @@ func TestEachAgentExportsItsOwnNode(t *testing.T) {
 			t.Errorf("agent of %s exports %d assignment-change series, want its own one", node, seen)
 		}
 	}
+}
+
+// gpuSeries is the value of the agent's series name for GPU uuid, as its
+// registry exports it.
+func gpuSeries(t *testing.T, a *Agent, name, uuid string) float64 {
+	t.Helper()
+	mfs, err := a.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "UUID" && l.GetValue() == uuid {
+					return m.GetGauge().GetValue() + m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s series for GPU %s", name, uuid)
+	return 0
 }

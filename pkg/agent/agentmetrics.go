@@ -14,8 +14,7 @@ import (
 type agentMetrics struct {
 	mpsRestarts, mpsLimitChanges    *prometheus.CounterVec
 	assignmentChanges, sliceChanges *prometheus.CounterVec
-	refusedSlots, timeSliceClass    *prometheus.GaugeVec
-	timeSliceFailures               *prometheus.CounterVec
+	refusedSlots                    *prometheus.GaugeVec
 }
 
 func newAgentMetrics() *agentMetrics {
@@ -37,17 +36,10 @@ func newAgentMetrics() *agentMetrics {
 			Name: "tessera_agent_refused_slots",
 			Help: "Device-plugin slots held by pods whose GPUs the agent refused: kubelet gives them to no other pod until those pods are deleted.",
 		}, []string{"node"}),
-		timeSliceClass: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "tessera_gpu_timeslice_class",
-			Help: "The driver time-slice class the agent applied to a time-shared GPU (nvidia-smi compute-policy: 1 short, 2 medium, 3 long). Absent until applied.",
-		}, gpu.SeriesLabels),
-		timeSliceFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tessera_gpu_timeslice_failures_total", Help: "Attempts to set a GPU's time-slice class that failed.",
-		}, gpu.SeriesLabels),
 	}
 }
 
 func (m *agentMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.mpsRestarts, m.mpsLimitChanges, m.sliceChanges,
-		m.timeSliceClass, m.timeSliceFailures, m.assignmentChanges, m.refusedSlots}
+		m.assignmentChanges, m.refusedSlots}
 }

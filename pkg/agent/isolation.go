@@ -78,7 +78,7 @@ func (a *Agent) probeIsolation(ctx context.Context) {
 			st.offers[d.UUID] = gpu.IsolationOffer{Why: "MIG is enabled: Tessera does not slice this GPU"}
 			continue
 		}
-		o := gpu.IsolationOffer{KernelMemoryLimits: kernel[d.UUID], MPSLimits: a.mpsMgr != nil, TimeSliceClasses: a.mpsMgr == nil && a.timeSlices != nil}
+		o := gpu.IsolationOffer{KernelMemoryLimits: kernel[d.UUID], MPSLimits: a.mpsMgr != nil, TimeSliceClasses: a.mpsMgr == nil && a.timeSlices != nil && a.timeSlices.Enabled()}
 		var reasons []string
 		if !o.KernelMemoryLimits {
 			switch {
@@ -90,7 +90,7 @@ func (a *Agent) probeIsolation(ctx context.Context) {
 				reasons = append(reasons, "kernel memory limits: "+probeErr.Error())
 			}
 		}
-		if a.mpsMgr == nil && a.timeSlices == nil && a.noTimeSlicer != nil {
+		if a.mpsMgr == nil && a.noTimeSlicer != nil {
 			reasons = append(reasons, "time-slice classes: "+a.noTimeSlicer.Error())
 		}
 		o.Why = strings.Join(reasons, "; ")

@@ -2,19 +2,13 @@ package agent
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
-	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
 )
-
-// timeSliceRetry is how long a GPU whose class could not be set waits
-// before the agent runs nvidia-smi for it again.
-const timeSliceRetry = time.Minute
 
 // timeShared is the GPUs this agent time-slices: every GPU of a node not in
 // MPS mode, but for MIG-partitioned ones, which Tessera does not slice.
@@ -78,37 +72,10 @@ func (a *Agent) wantedTimeSlices(gpus []string) map[string]timeslice.Class {
 }
 
 // applyTimeSlices brings every time-shared GPU to the class its tenants
-// call for; a failure is logged, counted and reported as an event, and
-// retried a minute later.
+// call for (timeslice.Controller reports what happened).
 func (a *Agent) applyTimeSlices(ctx context.Context, now time.Time) {
 	if a.timeSlices == nil {
 		return
 	}
-	gpus := a.timeShared()
-	logger := klog.FromContext(ctx)
-	var failed []string
-	var firstErr error
-	for _, ch := range a.timeSlices.Apply(ctx, gpus, a.wantedTimeSlices(gpus), now) {
-		if ch.Err != nil {
-			a.m.timeSliceFailures.WithLabelValues(a.seriesLabels(ch.GPU)...).Inc()
-			logger.Error(ch.Err, "Setting the GPU's time-slice class failed; retrying later", "gpu", ch.GPU, "class", ch.To, "retryAfter", timeSliceRetry)
-			failed = append(failed, ch.GPU)
-			if firstErr == nil {
-				firstErr = ch.Err
-			}
-			continue
-		}
-		a.m.timeSliceClass.WithLabelValues(a.seriesLabels(ch.GPU)...).Set(float64(ch.To))
-		if ch.First {
-			logger.Info("Set the GPU's time-slice class", "gpu", ch.GPU, "class", ch.To)
-		} else {
-			logger.Info("Changed the GPU's time-slice class for its tenants", "gpu", ch.GPU, "from", ch.From, "to", ch.To)
-		}
-	}
-	// One event per pass, however many GPUs failed: a driver that refuses
-	// refuses them all.
-	if len(failed) > 0 {
-		a.event(ctx, now, v1.EventTypeWarning, "TimeSliceNotSet", "SetTimeSlice",
-			fmt.Sprintf("time-slice class not set on %d GPU(s) (%s …), retrying in %v: %v", len(failed), failed[0], timeSliceRetry, firstErr))
-	}
+	a.timeSlices.Apply(ctx, a.wantedTimeSlices(a.timeShared()), now)
 }
