@@ -1,7 +1,32 @@
 // Package agent wires the node agent together: NVML (pkg/nvml), fault
-// handling (health), the device plugin, the MPS daemons, the metrics sampler
-// and the inventory it publishes for the scheduler. Each part is its own
-// package with its own tests; this one only connects them.
+// handling (health), the device plugin, the MPS daemons, time-slicing
+// (timeslice), isolation (isolation), the node's part of preemption
+// (nodepreempt), the metrics sampler, the slice adjuster and the inventory
+// it publishes for the scheduler. Each part is its own package with its own
+// tests; this one connects them, publishes the inventory and keeps it.
+//
+// One GPU container's road, from kubelet's Allocate to its CDI spec and its
+// limits:
+//
+//  1. deviceplugin.Plugin.Allocate names the container's slots as CDI
+//     devices (deviceplugin/plugin.go).
+//  2. deviceplugin.Plugin.PreStartContainer finds which pod and container
+//     hold the slots (Holder: kubelet's pod-resources API), reads the pod's
+//     assignment (pkg/podgpu) and checks it against the node's inventory
+//     and what was granted before (deviceplugin/honour.go; the inventory
+//     through Config.Inventory, this package's publishedGPUs).
+//  3. The container's edits (deviceplugin/edits.go), with the driver's
+//     (isolation.Enforcer.DriverEdits, from driverspec), and its limits put
+//     in force (isolation.Enforcer.Isolate: MPS server limits through the
+//     mps package, kernel memory limits through memlimit), or the
+//     container refused.
+//  4. The spec written (deviceplugin.WriteSpec), and the answer reported
+//     (Config.PreStarted, this package's refused.go).
+//
+// Two callbacks of the device plugin reach this package (the inventory and
+// the pre-start report); isolation and the driver's edits are one
+// interface (deviceplugin.Enforcer), the MPS pipes and the preemption
+// notice directories the methods of their own packages.
 package agent
 
 import (
@@ -12,7 +37,6 @@ import (
 	"net/http"
 	"reflect"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -35,7 +59,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent/adjuster"
 	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
 	"github.com/tessera-gpu/tessera/pkg/agent/health"
-	"github.com/tessera-gpu/tessera/pkg/agent/memlimit"
+	"github.com/tessera-gpu/tessera/pkg/agent/isolation"
 	"github.com/tessera-gpu/tessera/pkg/agent/metrics"
 	"github.com/tessera-gpu/tessera/pkg/agent/mps"
 	"github.com/tessera-gpu/tessera/pkg/agent/nodepreempt"
@@ -183,16 +207,8 @@ type Agent struct {
 	timeSlices   *timeslice.Controller
 	noTimeSlicer error
 
-	// Isolation (isolation.go): the kernel memory limiter (nil without a
-	// cgroup root), what each GPU offers, and the MPS server limits'
-	// decisions, one at a time.
-	limiter     *memlimit.Limiter
-	isoMu       sync.Mutex
-	iso         isolationState
-	mpsLimitsMu sync.Mutex
-	// mpsConnected is, per pod and GPU, the MPS server limits when the
-	// pod's container started (under isoMu).
-	mpsConnected map[types.UID]map[string]gpu.MPSServerLimits
+	// enforcer holds tenants to their slices (package isolation).
+	enforcer *isolation.Enforcer
 }
 
 // New opens NVML and reads the GPUs. Without a driver it fails with
@@ -243,12 +259,20 @@ func New(opts Options) (*Agent, error) {
 				}
 				a.event(context.Background(), time.Now(), v1.EventTypeWarning, "MPSDaemonRestarted", "RestartMPS", note)
 			},
-			OnTamper: a.mpsTampered})
+			OnTamper: func(uuid string, drift []mps.Drift) { a.enforcer.MPSTampered(uuid, drift) }})
 	}
 	pipe := func(uuid string) string { return "" }
 	if a.mpsMgr != nil {
 		pipe = a.mpsMgr.PipeDir
 	}
+	if shared := a.timeShared(); len(shared) > 0 {
+		setter, err := timeSlicer(opts)
+		a.noTimeSlicer = err
+		labels := func(uuid string) []string { return a.seriesLabels(uuid) }
+		a.timeSlices = timeslice.NewController(setter, shared, labels, a.event)
+		a.register(a.timeSlices.Collectors()...)
+	}
+	a.enforcer = a.newEnforcer()
 	a.preempt = a.newPreemptor()
 	var noticeDir deviceplugin.NoticeDir
 	if opts.NoticeRoot != "" {
@@ -257,10 +281,7 @@ func New(opts Options) (*Agent, error) {
 	dpc := deviceplugin.Config{Node: opts.Node, SchedulerNames: opts.SchedulerNames, Holder: opts.Holder, Pods: opts.Pods, PipeDir: pipe, CDIDir: opts.CDIDir, NoticeDir: noticeDir,
 		PreStarted: a.preStarted}
 	if a.gpus != nil {
-		dpc.Isolate, dpc.Driver = a.isolate, a.driverEdits
-		if opts.CgroupRoot != "" {
-			a.limiter = &memlimit.Limiter{NVML: a.gpus, Root: opts.CgroupRoot}
-		}
+		dpc.Enforcer = a.enforcer
 	}
 	if opts.NodePods != nil {
 		// Every assignment is checked against this node's GPUs and what
@@ -280,21 +301,26 @@ func New(opts Options) (*Agent, error) {
 		a.sampler = metrics.NewSampler(opts.Node, a.gpus, res, a.health, slices, cfg.Stall.Window.Duration)
 		a.register(a.sampler)
 	}
-	if shared := a.timeShared(); len(shared) > 0 {
-		setter, err := timeSlicer(opts)
-		a.noTimeSlicer = err
-		labels := func(uuid string) []string { return a.seriesLabels(uuid) }
-		a.timeSlices = timeslice.NewController(setter, shared, labels, a.event)
-		a.register(a.timeSlices.Collectors()...)
-	}
 	a.zeroCounters()
-	a.probeIsolation(klog.NewContext(context.Background(), klog.Background()))
-	a.register(isolationCollector{a}, modeCollector{a}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	a.enforcer.Probe(klog.NewContext(context.Background(), klog.Background()))
+	a.register(a.enforcer.Collectors()...)
+	a.register(modeCollector{a}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tessera_agent_build_info", Help: "1, with the agent's version and revision.",
 			ConstLabels: prometheus.Labels{"node": opts.Node, "version": version.Version, "revision": version.Rev()}}, func() float64 { return 1 }))
 	a.register(a.m.collectors()...)
 	a.register(a.preempt.Collectors()...)
 	return a, nil
+}
+
+// newEnforcer is the node's isolation, on this agent's GPUs, MPS daemons,
+// time-slicing, events and inventory.
+func (a *Agent) newEnforcer() *isolation.Enforcer {
+	cfg := isolation.Config{Node: a.opts.Node, Client: a.opts.Client, NodePods: a.opts.NodePods, GPUs: a.gpus, NVML: a.opts.NVML,
+		Devices: a.devices, MPS: a.mpsMgr, NoTimeSlicer: a.noTimeSlicer, CgroupRoot: a.opts.CgroupRoot,
+		DriverRoot: a.opts.DriverRoot, CDIHookPath: a.opts.CDIHookPath, Labels: a.seriesLabels, Event: a.event,
+		Publish: func(ctx context.Context) error { return a.Refresh(ctx, time.Now()) }}
+	cfg.TimeSliceClasses = a.mpsMgr == nil && a.timeSlices != nil && a.timeSlices.Enabled()
+	return isolation.New(cfg)
 }
 
 // newPreemptor is the node's part of preemption, on this agent's GPUs,
@@ -354,7 +380,6 @@ func (a *Agent) zeroCounters() {
 	for _, d := range a.devices {
 		if a.mpsMgr != nil {
 			a.m.mpsRestarts.WithLabelValues(a.seriesLabels(d.UUID)...)
-			a.m.mpsLimitChanges.WithLabelValues(a.seriesLabels(d.UUID)...)
 		}
 		for _, dir := range []string{"up", "down"} {
 			a.m.sliceChanges.WithLabelValues(a.seriesLabels(d.UUID, dir)...)
@@ -441,7 +466,7 @@ func (a *Agent) Inventory(now time.Time) *gpu.NodeInventory {
 		dev := d.Device(ok, a.mpsMgr != nil)
 		dev.Slices = a.slicesOf(d.UUID)
 		if a.gpus != nil {
-			o := a.offer(d.UUID)
+			o := a.enforcer.Offer(d.UUID)
 			dev.Isolation = &o
 		}
 		inv.GPUs = append(inv.GPUs, dev)
@@ -450,30 +475,12 @@ func (a *Agent) Inventory(now time.Time) *gpu.NodeInventory {
 	return inv
 }
 
-// mpsClients lists the running pods of this node that are MPS clients of
-// the GPU, namespace/name, sorted.
+// mpsClients lists the pods of this node that are MPS clients of the GPU.
 func (a *Agent) mpsClients(uuid string) []string {
 	if a.opts.NodePods == nil {
 		return nil
 	}
-	var out []string
-	for _, p := range a.opts.NodePods() {
-		asg, err := podgpu.BoundAssignment(p)
-		if err != nil || asg == nil {
-			continue
-		}
-	pod:
-		for _, c := range asg.Containers {
-			for _, g := range c.GPUs {
-				if c.Mode == gpu.ModeMPS && g.UUID == uuid {
-					out = append(out, p.Namespace+"/"+p.Name)
-					break pod
-				}
-			}
-		}
-	}
-	sort.Strings(out)
-	return out
+	return isolation.MPSClientsOf(a.opts.NodePods(), uuid)
 }
 
 // publishedGPUs is the inventory last published (its GPUs, not CPU and
@@ -798,7 +805,7 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 	if every <= 0 {
 		every = isolationReconcileEvery
 	}
-	go wait.UntilWithContext(ctx, a.reconcileIsolation, every)
+	go wait.UntilWithContext(ctx, a.enforcer.Reconcile, every)
 	if a.gpus != nil {
 		go func() {
 			// Without events a fault is only seen when the GPU stops

@@ -12,7 +12,7 @@ import (
 // endpoint (a set shared by the process made every agent export every
 // node's events, and one MPS restart fire its alert once per agent).
 type agentMetrics struct {
-	mpsRestarts, mpsLimitChanges    *prometheus.CounterVec
+	mpsRestarts                     *prometheus.CounterVec
 	assignmentChanges, sliceChanges *prometheus.CounterVec
 	refusedSlots                    *prometheus.GaugeVec
 }
@@ -21,10 +21,6 @@ func newAgentMetrics() *agentMetrics {
 	return &agentMetrics{
 		mpsRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tessera_mps_daemon_restarts_total", Help: "MPS control daemons found dead and restarted, per GPU.",
-		}, gpu.SeriesLabels),
-		mpsLimitChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tessera_mps_limit_changes_total",
-			Help: "MPS limits found changed behind the agent (through the control endpoint its clients reach) and restored, per GPU.",
 		}, gpu.SeriesLabels),
 		assignmentChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tessera_agent_assignment_changes_total", Help: "Changes of a bound pod's tessera.dev/assignment, each ignored: the first assignment counts.",
@@ -40,6 +36,6 @@ func newAgentMetrics() *agentMetrics {
 }
 
 func (m *agentMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.mpsRestarts, m.mpsLimitChanges, m.sliceChanges,
+	return []prometheus.Collector{m.mpsRestarts, m.sliceChanges,
 		m.assignmentChanges, m.refusedSlots}
 }

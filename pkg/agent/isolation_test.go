@@ -14,16 +14,17 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/tessera-gpu/tessera/pkg/agent/isolation"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/nvml/nvmltest"
+	"github.com/tessera-gpu/tessera/pkg/podgpu"
 )
 
 // isolationNode is an agent on a DGX H100 mock whose GPUs offer kernel
@@ -129,7 +130,7 @@ func TestKernelMemoryLimitsHoldTimeSlicedSlices(t *testing.T) {
 
 	train, trainCtr := n.pod(t, "train-1", gpu.ModeTimeSlicing, gpu.GPUGrant{UUID: n.uuids[0], MemoryMiB: 20 << 10, CoresPerMille: 500}, true)
 	_, _ = n.pod(t, "infer-2", gpu.ModeTimeSlicing, gpu.GPUGrant{UUID: n.uuids[0], MemoryMiB: 40 << 10, CoresPerMille: 500}, true)
-	gs, err := n.a.isolate(ctx, train, gpu.ContainerAssignment{Name: "main", Mode: gpu.ModeTimeSlicing, GPUs: []gpu.GPUGrant{{UUID: n.uuids[0], MemoryMiB: 20 << 10, CoresPerMille: 500}}})
+	gs, err := n.a.enforcer.Isolate(ctx, train, gpu.ContainerAssignment{Name: "main", Mode: gpu.ModeTimeSlicing, GPUs: []gpu.GPUGrant{{UUID: n.uuids[0], MemoryMiB: 20 << 10, CoresPerMille: 500}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,14 +154,14 @@ func TestKernelMemoryLimitsHoldTimeSlicedSlices(t *testing.T) {
 
 	// The GPU without the feature: the slice is only accounted, and says so.
 	noLimits, _ := n.pod(t, "old-3", gpu.ModeTimeSlicing, gpu.GPUGrant{UUID: n.uuids[last], MemoryMiB: 8 << 10, CoresPerMille: 250}, true)
-	gs, err = n.a.isolate(ctx, noLimits, gpu.ContainerAssignment{Name: "main", Mode: gpu.ModeTimeSlicing, GPUs: []gpu.GPUGrant{{UUID: n.uuids[last], MemoryMiB: 8 << 10, CoresPerMille: 250}}})
+	gs, err = n.a.enforcer.Isolate(ctx, noLimits, gpu.ContainerAssignment{Name: "main", Mode: gpu.ModeTimeSlicing, GPUs: []gpu.GPUGrant{{UUID: n.uuids[last], MemoryMiB: 8 << 10, CoresPerMille: 250}}})
 	if err != nil || gs[0].Memory != gpu.MechanismNone {
 		t.Fatalf("on a GPU without kernel limits: %v, %v; want memory=none", gs, err)
 	}
 
 	// No cgroup: the container is refused, not run unlimited.
 	lost, _ := n.pod(t, "lost-4", gpu.ModeTimeSlicing, gpu.GPUGrant{UUID: n.uuids[1], MemoryMiB: 8 << 10, CoresPerMille: 250}, false)
-	if _, err := n.a.isolate(ctx, lost, gpu.ContainerAssignment{Name: "main", Mode: gpu.ModeTimeSlicing, GPUs: []gpu.GPUGrant{{UUID: n.uuids[1], MemoryMiB: 8 << 10, CoresPerMille: 250}}}); err == nil || !strings.Contains(err.Error(), "cgroup was not found") {
+	if _, err := n.a.enforcer.Isolate(ctx, lost, gpu.ContainerAssignment{Name: "main", Mode: gpu.ModeTimeSlicing, GPUs: []gpu.GPUGrant{{UUID: n.uuids[1], MemoryMiB: 8 << 10, CoresPerMille: 250}}}); err == nil || !strings.Contains(err.Error(), "cgroup was not found") {
 		t.Fatalf("a pod without a cgroup: %v, want refused", err)
 	}
 
@@ -171,7 +172,7 @@ func TestKernelMemoryLimitsHoldTimeSlicedSlices(t *testing.T) {
 			return false, err
 		}
 		for _, c := range p.Status.Conditions {
-			if c.Type == ConditionGPUIsolation {
+			if c.Type == isolation.ConditionGPUIsolation {
 				if c.Status != v1.ConditionFalse || !strings.Contains(c.Message, "main on "+n.uuids[0]+": memory=kernel,compute=none") {
 					t.Errorf("condition %+v", c)
 				}
@@ -180,7 +181,7 @@ func TestKernelMemoryLimitsHoldTimeSlicedSlices(t *testing.T) {
 		}
 		return false, nil
 	}); err != nil {
-		t.Fatalf("no %s condition on the pod: %v", ConditionGPUIsolation, err)
+		t.Fatalf("no %s condition on the pod: %v", isolation.ConditionGPUIsolation, err)
 	}
 	mech := isolationSeries(t, n.a)
 	if got := mech["train-1/"+n.uuids[0]+"/memory"]; got != "kernel" {
@@ -207,7 +208,7 @@ func TestKernelMemoryLimitsHoldTimeSlicedSlices(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.end("infer-2")
-	n.a.reconcileIsolation(ctx)
+	n.a.enforcer.Reconcile(ctx)
 	if _, _, ok := lim.Limit(filepath.Dir(strayCtr)); ok {
 		t.Error("the crashed agent's leftover limit was not removed")
 	}
@@ -225,7 +226,7 @@ func TestKernelMemoryLimitsHoldTimeSlicedSlices(t *testing.T) {
 func gatherIsolation(t *testing.T, a *Agent) []*dto.MetricFamily {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(isolationCollector{a})
+	reg.MustRegister(a.enforcer.Collectors()...)
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -308,7 +309,7 @@ func TestMPSGuaranteesFollowConnectTime(t *testing.T) {
 		t.Helper()
 		g := gpu.GPUGrant{UUID: uuid, MemoryMiB: mem, CoresPerMille: 10 * cores}
 		p, _ := n.pod(t, name, gpu.ModeMPS, g, false)
-		gs, err := a.isolate(ctx, p, gpu.ContainerAssignment{Name: "main", Mode: gpu.ModeMPS, GPUs: []gpu.GPUGrant{g}})
+		gs, err := a.enforcer.Isolate(ctx, p, gpu.ContainerAssignment{Name: "main", Mode: gpu.ModeMPS, GPUs: []gpu.GPUGrant{g}})
 		if err != nil || len(gs) != 1 {
 			t.Fatalf("%s: %v, %v", name, gs, err)
 		}
@@ -316,9 +317,11 @@ func TestMPSGuaranteesFollowConnectTime(t *testing.T) {
 	}
 	now := func(name string) gpu.Guarantee {
 		t.Helper()
-		for _, p := range a.activePods(nil) {
-			if p.pod.Name == name {
-				return a.guaranteesOf(p.pod, p.asg)[0].Guarantee
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		for _, p := range n.pods {
+			if gs := a.enforcer.SliceGuarantees(p); p.Name == name && len(gs) > 0 && !podgpu.Finished(p) {
+				return gs[0].Guarantee
 			}
 		}
 		t.Fatalf("%s not active", name)
@@ -343,7 +346,7 @@ func TestMPSGuaranteesFollowConnectTime(t *testing.T) {
 	// big-2 leaves: the server is lowered for new clients; mid-3 keeps
 	// the 70 % it connected under, so nothing more is claimed for it.
 	n.end("big-2")
-	a.reconcileIsolation(ctx)
+	a.enforcer.Reconcile(ctx)
 	if got := server(); got != (gpu.MPSServerLimits{ThreadPercent: 50, MemoryMiB: 8192}) {
 		t.Errorf("server after big-2 left: %+v, want 50 %% / 8192 MiB", got)
 	}
@@ -375,7 +378,7 @@ func TestMPSGuaranteesFollowConnectTime(t *testing.T) {
 		}
 	}
 	changes := func() float64 {
-		return testutil.ToFloat64(a.m.mpsLimitChanges.WithLabelValues(a.seriesLabels(uuid)...))
+		return gpuSeries(t, a, "tessera_mps_limit_changes_total", uuid)
 	}
 	before := changes()
 	tamper()
@@ -420,13 +423,12 @@ func TestMPSGuaranteesFollowConnectTime(t *testing.T) {
 	n.mu.Lock()
 	for _, p := range n.pods {
 		if p.Name == "late-4" {
-			p.Status.Conditions = []v1.PodCondition{{Type: ConditionGPUIsolation, Message: "main on " + uuid + ": memory=mps-server,compute=mps-server"}}
+			p.Status.Conditions = []v1.PodCondition{{Type: isolation.ConditionGPUIsolation, Message: "main on " + uuid + ": memory=mps-server,compute=mps-server"}}
 		}
 	}
 	n.mu.Unlock()
-	a.isoMu.Lock()
-	a.mpsConnected = nil
-	a.isoMu.Unlock()
+	a.enforcer = a.newEnforcer() // as a restarted agent's: no record of connect times
+	a.enforcer.Probe(ctx)
 	if g := now("late-4"); g != held {
 		t.Errorf("late-4 from its condition after a restart: %v, want %v", g, held)
 	}

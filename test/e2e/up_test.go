@@ -32,8 +32,8 @@ import (
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/tessera-gpu/tessera/deploy"
-	"github.com/tessera-gpu/tessera/pkg/agent"
 	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
+	"github.com/tessera-gpu/tessera/pkg/agent/isolation"
 	"github.com/tessera-gpu/tessera/pkg/agent/mps/mpssim"
 	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
@@ -350,7 +350,7 @@ func TestPlayground(t *testing.T) {
 				return false, nil
 			}
 			for _, c := range p.Status.Conditions {
-				if c.Type == agent.ConditionGPUIsolation && strings.Contains(c.Message, want) {
+				if c.Type == isolation.ConditionGPUIsolation && strings.Contains(c.Message, want) {
 					return true, nil
 				}
 			}
@@ -358,7 +358,7 @@ func TestPlayground(t *testing.T) {
 		})
 		if err != nil {
 			p, _ := client.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
-			t.Errorf("%s: no %s condition saying %q: %+v", name, agent.ConditionGPUIsolation, want, p.Status.Conditions)
+			t.Errorf("%s: no %s condition saying %q: %+v", name, isolation.ConditionGPUIsolation, want, p.Status.Conditions)
 		}
 	}
 

@@ -13,6 +13,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
+	"tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
 	"github.com/tessera-gpu/tessera/pkg/agent/memlimit"
@@ -84,7 +85,7 @@ func TestKubeletStartsContainersWithinTheirLimits(t *testing.T) {
 		return out, nil
 	}
 	cdi := t.TempDir()
-	p := deviceplugin.New(deviceplugin.Config{Node: node, Holder: k, Pods: k.get, CDIDir: cdi, Isolate: isolate,
+	p := deviceplugin.New(deviceplugin.Config{Node: node, Holder: k, Pods: k.get, CDIDir: cdi, Enforcer: limitsOnly(isolate),
 		PipeDir: func(string) string { return "" }})
 	p.SetGPUs(slots)
 	pctx, pcancel := context.WithCancel(ctx)
@@ -152,3 +153,13 @@ func errString(err error) string {
 	}
 	return err.Error()
 }
+
+// limitsOnly is an Enforcer that sets limits with isolate and has no
+// driver edits.
+type limitsOnly func(ctx context.Context, pod *v1.Pod, c gpu.ContainerAssignment) ([]gpu.Guarantee, error)
+
+func (f limitsOnly) Isolate(ctx context.Context, pod *v1.Pod, c gpu.ContainerAssignment) ([]gpu.Guarantee, error) {
+	return f(ctx, pod, c)
+}
+
+func (limitsOnly) DriverEdits([]string) (*specs.ContainerEdits, error) { return nil, nil }

@@ -91,8 +91,7 @@ type Plugin struct {
 	nodePods   func() []*v1.Pod
 	oversub    float64
 	preStarted func(pod *v1.Pod, container string, slots int, err error)
-	isolate    Isolate
-	driver     Driver
+	enforcer   Enforcer
 
 	mu      sync.Mutex
 	gpus    []GPUSlots
@@ -126,25 +125,27 @@ type Config struct {
 	// refused. A refused pod keeps its slots in kubelet until it is
 	// deleted.
 	PreStarted func(pod *v1.Pod, container string, slots int, err error)
-	// Isolate, when set, puts in force the limits of a container about to
-	// get its GPUs — kernel memory limits, MPS server limits — before its
-	// spec is written, and says what holds each GPU's slice. An error
-	// refuses the container: it never runs with a limit that could not be
-	// set.
-	Isolate Isolate
-	// Driver, when set, gives the driver's edits for the container's GPUs
-	// (their device nodes, the control nodes, libraries, hooks), written
-	// into its spec, so that its GPUs are exactly its assignment and do
-	// not rest on NVIDIA_VISIBLE_DEVICES and a runtime hook honouring it.
-	Driver Driver
+	// Enforcer, when set, puts in force the limits of a container about to
+	// get its GPUs before its spec is written, and gives the driver's
+	// edits for its GPUs, written into its spec.
+	Enforcer Enforcer
 }
 
-// Isolate sets a container's limits and returns, per GPU of c in order,
-// what holds its slice.
-type Isolate func(ctx context.Context, pod *v1.Pod, c gpu.ContainerAssignment) ([]gpu.Guarantee, error)
-
-// Driver returns the driver's edits for a container with these GPUs.
-type Driver func(uuids []string) (*specs.ContainerEdits, error)
+// Enforcer holds a container to its slices: the agent's
+// isolation.Enforcer.
+type Enforcer interface {
+	// Isolate puts in force the limits of a container about to get its
+	// GPUs — kernel memory limits, MPS server limits — and returns, per GPU
+	// of c in order, what holds its slice. An error refuses the container:
+	// it never runs with a limit that could not be set.
+	Isolate(ctx context.Context, pod *v1.Pod, c gpu.ContainerAssignment) ([]gpu.Guarantee, error)
+	// DriverEdits returns the driver's edits for a container with these
+	// GPUs (their device nodes, the control nodes, libraries, hooks), so
+	// that its GPUs are exactly its assignment and do not rest on
+	// NVIDIA_VISIBLE_DEVICES and a runtime hook honouring it; nil where
+	// there are none.
+	DriverEdits(uuids []string) (*specs.ContainerEdits, error)
+}
 
 // DefaultSchedulerNames is tessera-scheduler's shipped profile
 // (deploy/scheduler-config.yaml).
@@ -157,7 +158,7 @@ func New(c Config) *Plugin {
 		schedulers = DefaultSchedulerNames
 	}
 	return &Plugin{node: c.Node, schedulers: schedulers, holder: c.Holder, pods: c.Pods, pipeDir: c.PipeDir, cdiDir: c.CDIDir, noticeDir: c.NoticeDir,
-		inventory: c.Inventory, nodePods: c.NodePods, oversub: c.MemoryOversubscription, preStarted: c.PreStarted, isolate: c.Isolate, driver: c.Driver,
+		inventory: c.Inventory, nodePods: c.NodePods, oversub: c.MemoryOversubscription, preStarted: c.PreStarted, enforcer: c.Enforcer,
 		changed: make(chan struct{})}
 }
 
@@ -348,19 +349,19 @@ func (p *Plugin) editsFor(ctx context.Context, ns, name, container string, slots
 		if err != nil {
 			return e, err
 		}
-		if p.driver != nil {
+		if p.enforcer != nil {
 			uuids := make([]string, len(c.GPUs))
 			for i, g := range c.GPUs {
 				uuids[i] = g.UUID
 			}
-			if e.Driver, err = p.driver(uuids); err != nil {
+			if e.Driver, err = p.enforcer.DriverEdits(uuids); err != nil {
 				return Edits{}, fmt.Errorf("pod %s/%s container %s: the driver's files and device nodes for its GPUs: %w", ns, name, container, err)
 			}
 		}
 		// Limits in force before the spec exists: the runtime cannot
 		// create the container without it.
-		if p.isolate != nil {
-			if e.Guarantees, err = p.isolate(ctx, pod, c); err != nil {
+		if p.enforcer != nil {
+			if e.Guarantees, err = p.enforcer.Isolate(ctx, pod, c); err != nil {
 				return Edits{}, fmt.Errorf("pod %s/%s container %s: its GPU limits could not be set, so it does not start: %w", ns, name, container, err)
 			}
 			e.Env = append(e.Env, IsolationEnv+"="+isolationValue(e.Guarantees))

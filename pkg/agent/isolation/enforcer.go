@@ -1,12 +1,14 @@
-package agent
-
-// Isolation in force: what each GPU's driver offers to hold a slice, the
-// limits set before a container starts (kernel memory limits on its pod's
-// cgroup, its GPU's MPS server limits), the reconciliation that follows the
-// GPUs' tenants and removes what an ended pod or a crashed agent left, and
-// what holds every slice, shown on the pod, in the inventory and in a
-// metric. The rules are pure (gpu.GuaranteeOf, gpu.MPSServerLimitsFor,
-// memlimit.Plan); this file only does the I/O.
+// Package isolation puts each slice's limits in force and says what holds
+// it: what each GPU's driver offers (kernel memory limits, probed on a
+// scratch cgroup; MPS limits; time-slice classes), the limits set before a
+// container starts (kernel memory limits on its pod's cgroup, its GPU's MPS
+// server limits, read back), the reconciliation that follows the GPUs'
+// tenants and removes what an ended pod or a crashed agent left, and what
+// holds every slice — on the pod (the GPUIsolation condition), in the
+// inventory (the offers) and in a metric. The rules are pure
+// (gpu.GuaranteeOf, gpu.MPSServerLimitsFor, memlimit.Plan); the Enforcer
+// does the I/O. The device plugin reaches it through deviceplugin.Enforcer.
+package isolation
 
 import (
 	"context"
@@ -14,13 +16,17 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sort"
 	"strings"
+	"sync"
 	"time"
 
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 	"tags.cncf.io/container-device-interface/specs-go"
 
@@ -28,8 +34,115 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent/memlimit"
 	"github.com/tessera-gpu/tessera/pkg/agent/mps"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/nvml"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
 )
+
+// Config is what an Enforcer works with.
+type Config struct {
+	Node string
+	// Client sets the pods' GPUIsolation condition.
+	Client kubernetes.Interface
+	// NodePods lists the node's pods (nil: none are known).
+	NodePods func() []*v1.Pod
+	// GPUs reads the driver; nil on a node without GPUs. NVML is the
+	// library itself, for NVIDIA's CDI generator.
+	GPUs *nvml.Client
+	NVML gonvml.Interface
+	// Devices are the node's GPUs as read at start.
+	Devices []nvml.DeviceInfo
+	// MPS manages the node's MPS daemons; nil where the node runs none.
+	MPS *mps.Manager
+	// TimeSliceClasses says a way to set time-slice classes was found;
+	// NoTimeSlicer says why not, where it was not.
+	TimeSliceClasses bool
+	NoTimeSlicer     error
+	// CgroupRoot is the host's cgroup v2 hierarchy, where kernel memory
+	// limits are set; empty turns them off.
+	CgroupRoot string
+	// DriverRoot and CDIHookPath are NVIDIA's CDI generator's (empty
+	// DriverRoot: no driver edits).
+	DriverRoot, CDIHookPath string
+	// Labels gives a GPU's series label values, then extra.
+	Labels func(uuid string, extra ...string) []string
+	// Event records a node event.
+	Event func(ctx context.Context, now time.Time, eventType, reason, action, note string)
+	// Publish publishes the node's inventory again (new offers).
+	Publish func(ctx context.Context) error
+}
+
+// Enforcer is one node's isolation.
+type Enforcer struct {
+	cfg Config
+	// limiter sets kernel memory limits; nil without a cgroup root or GPUs.
+	limiter *memlimit.Limiter
+
+	// mu guards state and mpsConnected.
+	mu    sync.Mutex
+	state isolationState
+	// mpsConnected is, per pod and GPU, the MPS server limits when the
+	// pod's container started.
+	mpsConnected map[types.UID]map[string]gpu.MPSServerLimits
+	// mpsLimitsMu makes the MPS server limits' decisions one at a time.
+	mpsLimitsMu sync.Mutex
+
+	mpsLimitChanges *prometheus.CounterVec
+}
+
+// New returns an Enforcer, its offers not yet probed (Probe), with its
+// series at 0 for every GPU they can take.
+func New(cfg Config) *Enforcer {
+	e := &Enforcer{cfg: cfg,
+		mpsLimitChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tessera_mps_limit_changes_total",
+			Help: "MPS limits found changed behind the agent (through the control endpoint its clients reach) and restored, per GPU.",
+		}, gpu.SeriesLabels)}
+	if cfg.GPUs != nil && cfg.CgroupRoot != "" {
+		e.limiter = &memlimit.Limiter{NVML: cfg.GPUs, Root: cfg.CgroupRoot}
+	}
+	if cfg.MPS != nil {
+		for _, d := range cfg.Devices {
+			e.mpsLimitChanges.WithLabelValues(cfg.Labels(d.UUID)...)
+		}
+	}
+	return e
+}
+
+// Collectors are the Enforcer's series, for the agent's registry.
+func (e *Enforcer) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{collector{e}, e.mpsLimitChanges}
+}
+
+// mpsClients lists the pods of this node that are MPS clients of the GPU.
+func (e *Enforcer) mpsClients(uuid string) []string {
+	if e.cfg.NodePods == nil {
+		return nil
+	}
+	return MPSClientsOf(e.cfg.NodePods(), uuid)
+}
+
+// MPSClientsOf lists the pods among pods that are MPS clients of the GPU,
+// namespace/name, sorted.
+func MPSClientsOf(pods []*v1.Pod, uuid string) []string {
+	var out []string
+	for _, p := range pods {
+		asg, err := podgpu.BoundAssignment(p)
+		if err != nil || asg == nil {
+			continue
+		}
+	pod:
+		for _, c := range asg.Containers {
+			for _, g := range c.GPUs {
+				if c.Mode == gpu.ModeMPS && g.UUID == uuid {
+					out = append(out, p.Namespace+"/"+p.Name)
+					break pod
+				}
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
 
 // ConditionGPUIsolation is the pod condition the agent sets when a GPU
 // container starts: True when every dimension of every slice of the pod is
@@ -47,42 +160,42 @@ type isolationState struct {
 	edits  *driverspec.Edits
 }
 
-// probeIsolation finds, per GPU, what the driver offers to hold slices:
+// Probe finds, per GPU, what the driver offers to hold slices:
 // kernel memory limits (tried on a scratch cgroup), MPS limits (the node
 // runs MPS), time-slice classes (a way to set them was found). It also
 // generates the driver's CDI edits. It runs at start and again when the
 // driver version changes.
-func (a *Agent) probeIsolation(ctx context.Context) {
-	if a.gpus == nil {
+func (e *Enforcer) Probe(ctx context.Context) {
+	if e.cfg.GPUs == nil {
 		return
 	}
 	logger := klog.FromContext(ctx)
-	driver, _, err := a.gpus.DriverVersion()
+	driver, _, err := e.cfg.GPUs.DriverVersion()
 	if err != nil {
 		logger.Error(err, "Reading the driver version; isolation is probed again when it reads")
 	}
 	var uuids []string
-	for _, d := range a.devices {
+	for _, d := range e.cfg.Devices {
 		if !d.MIGEnabled {
 			uuids = append(uuids, d.UUID)
 		}
 	}
 	kernel, why := map[string]bool{}, map[string]string{}
 	var probeErr error
-	if a.limiter != nil {
-		kernel, why, probeErr = a.limiter.Probe(uuids)
+	if e.limiter != nil {
+		kernel, why, probeErr = e.limiter.Probe(uuids)
 	}
 	st := isolationState{driver: driver, offers: map[string]gpu.IsolationOffer{}}
-	for _, d := range a.devices {
+	for _, d := range e.cfg.Devices {
 		if d.MIGEnabled {
 			st.offers[d.UUID] = gpu.IsolationOffer{Why: "MIG is enabled: Tessera does not slice this GPU"}
 			continue
 		}
-		o := gpu.IsolationOffer{KernelMemoryLimits: kernel[d.UUID], MPSLimits: a.mpsMgr != nil, TimeSliceClasses: a.mpsMgr == nil && a.timeSlices != nil && a.timeSlices.Enabled()}
+		o := gpu.IsolationOffer{KernelMemoryLimits: kernel[d.UUID], MPSLimits: e.cfg.MPS != nil, TimeSliceClasses: e.cfg.MPS == nil && e.cfg.TimeSliceClasses}
 		var reasons []string
 		if !o.KernelMemoryLimits {
 			switch {
-			case a.limiter == nil:
+			case e.limiter == nil:
 				reasons = append(reasons, "kernel memory limits: the agent was given no cgroup root (--cgroup-root)")
 			case why[d.UUID] != "":
 				reasons = append(reasons, "kernel memory limits: "+why[d.UUID])
@@ -90,65 +203,65 @@ func (a *Agent) probeIsolation(ctx context.Context) {
 				reasons = append(reasons, "kernel memory limits: "+probeErr.Error())
 			}
 		}
-		if a.mpsMgr == nil && a.noTimeSlicer != nil {
-			reasons = append(reasons, "time-slice classes: "+a.noTimeSlicer.Error())
+		if e.cfg.MPS == nil && e.cfg.NoTimeSlicer != nil {
+			reasons = append(reasons, "time-slice classes: "+e.cfg.NoTimeSlicer.Error())
 		}
 		o.Why = strings.Join(reasons, "; ")
 		st.offers[d.UUID] = o
 		logger.Info("GPU isolation offered", "gpu", d.UUID, "driver", driver, "kernelMemoryLimits", o.KernelMemoryLimits,
 			"mpsLimits", o.MPSLimits, "timeSliceClasses", o.TimeSliceClasses, "why", o.Why)
 	}
-	if a.opts.DriverRoot != "" {
-		e, err := driverspec.Generate(a.opts.NVML, driverspec.Options{DriverRoot: a.opts.DriverRoot, HookPath: a.opts.CDIHookPath})
+	if e.cfg.DriverRoot != "" {
+		edits, err := driverspec.Generate(e.cfg.NVML, driverspec.Options{DriverRoot: e.cfg.DriverRoot, HookPath: e.cfg.CDIHookPath})
 		if err != nil {
 			logger.Error(err, "NVIDIA's CDI generator failed: containers get their GPUs through NVIDIA_VISIBLE_DEVICES and the runtime's hook alone",
-				"driverRoot", a.opts.DriverRoot)
-			a.event(ctx, time.Now(), v1.EventTypeWarning, "DriverEditsUnavailable", "GenerateCDI",
-				fmt.Sprintf("the driver's CDI edits could not be generated under %s, so GPU containers rest on NVIDIA_VISIBLE_DEVICES: %v", a.opts.DriverRoot, err))
+				"driverRoot", e.cfg.DriverRoot)
+			e.cfg.Event(ctx, time.Now(), v1.EventTypeWarning, "DriverEditsUnavailable", "GenerateCDI",
+				fmt.Sprintf("the driver's CDI edits could not be generated under %s, so GPU containers rest on NVIDIA_VISIBLE_DEVICES: %v", e.cfg.DriverRoot, err))
 		} else {
-			st.edits = e
+			st.edits = edits
 		}
 	}
-	a.isoMu.Lock()
-	a.iso = st
-	a.isoMu.Unlock()
+	e.mu.Lock()
+	e.state = st
+	e.mu.Unlock()
 }
 
-// offer is a GPU's offer as last probed.
-func (a *Agent) offer(uuid string) gpu.IsolationOffer {
-	a.isoMu.Lock()
-	defer a.isoMu.Unlock()
-	return a.iso.offers[uuid]
+// Offer is a GPU's offer as last probed.
+func (e *Enforcer) Offer(uuid string) gpu.IsolationOffer {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.state.offers[uuid]
 }
 
-// driverEdits gives the device plugin the driver's edits for a container's
-// GPUs.
-func (a *Agent) driverEdits(uuids []string) (*specs.ContainerEdits, error) {
-	a.isoMu.Lock()
-	e := a.iso.edits
-	a.isoMu.Unlock()
-	if e == nil {
+// DriverEdits gives the device plugin the driver's edits for a container's
+// GPUs (nil where there are none).
+func (e *Enforcer) DriverEdits(uuids []string) (*specs.ContainerEdits, error) {
+	e.mu.Lock()
+	edits := e.state.edits
+	e.mu.Unlock()
+	if edits == nil {
 		return nil, nil
 	}
-	return e.For(uuids)
+	return edits.For(uuids)
 }
 
 // checkDriver probes again when the driver version changed (an upgrade
 // under a running agent), and republishes the offers.
-func (a *Agent) checkDriver(ctx context.Context) {
-	if a.gpus == nil {
+func (e *Enforcer) checkDriver(ctx context.Context) {
+	if e.cfg.GPUs == nil {
 		return
 	}
-	driver, _, err := a.gpus.DriverVersion()
-	a.isoMu.Lock()
-	was := a.iso.driver
-	a.isoMu.Unlock()
+	driver, _, err := e.cfg.GPUs.DriverVersion()
+	e.mu.Lock()
+	was := e.state.driver
+	e.mu.Unlock()
 	if err != nil || driver == was {
 		return
 	}
 	klog.FromContext(ctx).Info("The GPU driver changed; probing what it offers to hold slices", "from", was, "to", driver)
-	a.probeIsolation(ctx)
-	if err := a.Refresh(ctx, time.Now()); err != nil {
+	e.Probe(ctx)
+	if err := e.cfg.Publish(ctx); err != nil {
 		klog.FromContext(ctx).Error(err, "Publishing the new isolation offers failed; retrying at the next pass")
 	}
 }
@@ -162,7 +275,7 @@ type activePod struct {
 // activePods are this node's pods that hold GPUs and have not finished,
 // plus starting (which kubelet is starting, in case the agent's pod list
 // has not seen it yet).
-func (a *Agent) activePods(starting *v1.Pod) []activePod {
+func (e *Enforcer) activePods(starting *v1.Pod) []activePod {
 	var out []activePod
 	seen := false
 	add := func(p *v1.Pod) {
@@ -170,13 +283,13 @@ func (a *Agent) activePods(starting *v1.Pod) []activePod {
 			return
 		}
 		asg, err := podgpu.BoundAssignment(p)
-		if err != nil || asg == nil || asg.Node != a.opts.Node {
+		if err != nil || asg == nil || asg.Node != e.cfg.Node {
 			return
 		}
 		out = append(out, activePod{pod: p, asg: asg})
 	}
-	if a.opts.NodePods != nil {
-		for _, p := range a.opts.NodePods() {
+	if e.cfg.NodePods != nil {
+		for _, p := range e.cfg.NodePods() {
 			if starting != nil && p.UID == starting.UID {
 				seen = true
 			}
@@ -191,11 +304,11 @@ func (a *Agent) activePods(starting *v1.Pod) []activePod {
 
 // limitedGPUs are the node's GPUs with their offers, as memlimit.Plan
 // takes them.
-func (a *Agent) limitedGPUs() []gpu.Device {
-	out := make([]gpu.Device, 0, len(a.devices))
-	for _, d := range a.devices {
-		dev := d.Device(true, a.mpsMgr != nil)
-		o := a.offer(d.UUID)
+func (e *Enforcer) limitedGPUs() []gpu.Device {
+	out := make([]gpu.Device, 0, len(e.cfg.Devices))
+	for _, d := range e.cfg.Devices {
+		dev := d.Device(true, e.cfg.MPS != nil)
+		o := e.Offer(d.UUID)
 		dev.Isolation = &o
 		out = append(out, dev)
 	}
@@ -207,37 +320,37 @@ func (a *Agent) limitedGPUs() []gpu.Device {
 // GPU, so its slice counts as held only for a cooperating client.
 var unverifiedServer = gpu.MPSServerLimits{ThreadPercent: 100}
 
-// mpsTampered is the MPS manager's report of limits found changed behind
+// MPSTampered is the MPS manager's report of limits found changed behind
 // the agent's back, before it restores them: a log line, a count, an event
 // on the node naming the GPU and its clients, and every client connected
 // on that GPU counted as held only by its own variables from now on (it
 // may have connected under the changed limits, and keeps them).
-func (a *Agent) mpsTampered(uuid string, drift []mps.Drift) {
+func (e *Enforcer) MPSTampered(uuid string, drift []mps.Drift) {
 	ctx := context.Background()
 	what := make([]string, len(drift))
 	for i, d := range drift {
 		what[i] = d.String()
 	}
-	clients := a.mpsClients(uuid)
+	clients := e.mpsClients(uuid)
 	klog.Background().Info("MPS limits changed behind the agent; restoring them", "gpu", uuid, "changes", what, "clients", clients)
-	a.m.mpsLimitChanges.WithLabelValues(a.seriesLabels(uuid)...).Inc()
+	e.mpsLimitChanges.WithLabelValues(e.cfg.Labels(uuid)...).Inc()
 	note := fmt.Sprintf("MPS limits of GPU %s changed by someone other than this node's tessera-agent (%s); restored", uuid, strings.Join(what, "; "))
 	if len(clients) > 0 {
 		note += "; the GPU's MPS clients then: " + strings.Join(clients, ", ")
 	}
-	a.event(ctx, time.Now(), v1.EventTypeWarning, "MPSLimitsRestored", "RestoreMPSLimits", note)
-	a.isoMu.Lock()
+	e.cfg.Event(ctx, time.Now(), v1.EventTypeWarning, "MPSLimitsRestored", "RestoreMPSLimits", note)
+	e.mu.Lock()
 	affected := map[types.UID]bool{}
-	for uid, byGPU := range a.mpsConnected {
+	for uid, byGPU := range e.mpsConnected {
 		if _, ok := byGPU[uuid]; ok {
 			byGPU[uuid] = unverifiedServer
 			affected[uid] = true
 		}
 	}
-	a.isoMu.Unlock()
-	for _, p := range a.activePods(nil) {
+	e.mu.Unlock()
+	for _, p := range e.activePods(nil) {
 		if affected[p.pod.UID] {
-			a.reportIsolation(ctx, p.pod, a.guaranteesOf(p.pod, p.asg))
+			e.report(ctx, p.pod, e.guaranteesOf(p.pod, p.asg))
 		}
 	}
 }
@@ -246,7 +359,7 @@ func (a *Agent) mpsTampered(uuid string, drift []mps.Drift) {
 // correct for its MPS tenants among pods, reads them back, and returns what
 // a client connecting now is held to: those limits, or the whole GPU
 // (unverifiedServer) when they do not read back as set.
-func (a *Agent) mpsServerLimits(ctx context.Context, uuid string, pods []activePod) (gpu.MPSServerLimits, error) {
+func (e *Enforcer) mpsServerLimits(ctx context.Context, uuid string, pods []activePod) (gpu.MPSServerLimits, error) {
 	var grants []gpu.GPUGrant
 	for _, p := range pods {
 		for _, c := range p.asg.Containers {
@@ -261,50 +374,50 @@ func (a *Agent) mpsServerLimits(ctx context.Context, uuid string, pods []activeP
 		}
 	}
 	want := gpu.MPSServerLimitsFor(grants)
-	a.mpsLimitsMu.Lock()
-	defer a.mpsLimitsMu.Unlock()
-	if got, ok := a.mpsMgr.ServerLimits(uuid); !ok || got != want {
-		if err := a.mpsMgr.SetServerLimits(ctx, uuid, want); err != nil {
+	e.mpsLimitsMu.Lock()
+	defer e.mpsLimitsMu.Unlock()
+	if got, ok := e.cfg.MPS.ServerLimits(uuid); !ok || got != want {
+		if err := e.cfg.MPS.SetServerLimits(ctx, uuid, want); err != nil {
 			return gpu.MPSServerLimits{}, err
 		}
 		klog.FromContext(ctx).V(2).Info("MPS server limits set", "gpu", uuid, "threadPercent", want.ThreadPercent, "memoryMiB", want.MemoryMiB, "tenants", len(grants))
 	}
 	// Not what the agent last set, but what the daemon reports now: a
 	// client may have changed it through the control endpoint.
-	if !a.mpsMgr.Ensure(ctx, uuid) {
+	if !e.cfg.MPS.Ensure(ctx, uuid) {
 		return unverifiedServer, nil
 	}
 	return want, nil
 }
 
-// isolate is the device plugin's Isolate: it puts a starting container's
+// Isolate is the device plugin's Enforcer.Isolate: it puts a starting container's
 // limits in force — its GPU's MPS server limits, its pod's kernel memory
 // limits — and says what holds each of its slices. An error refuses the
 // container.
-func (a *Agent) isolate(ctx context.Context, pod *v1.Pod, c gpu.ContainerAssignment) ([]gpu.Guarantee, error) {
-	pods := a.activePods(pod)
-	if c.Mode == gpu.ModeMPS && a.mpsMgr != nil {
+func (e *Enforcer) Isolate(ctx context.Context, pod *v1.Pod, c gpu.ContainerAssignment) ([]gpu.Guarantee, error) {
+	pods := e.activePods(pod)
+	if c.Mode == gpu.ModeMPS && e.cfg.MPS != nil {
 		for _, g := range c.GPUs {
-			l, err := a.mpsServerLimits(ctx, g.UUID, pods)
+			l, err := e.mpsServerLimits(ctx, g.UUID, pods)
 			if err != nil {
 				return nil, fmt.Errorf("MPS server limits of GPU %s: %w", g.UUID, err)
 			}
 			// The container connects under these limits and keeps them,
 			// whatever the server is given later.
-			a.isoMu.Lock()
-			if a.mpsConnected == nil {
-				a.mpsConnected = map[types.UID]map[string]gpu.MPSServerLimits{}
+			e.mu.Lock()
+			if e.mpsConnected == nil {
+				e.mpsConnected = map[types.UID]map[string]gpu.MPSServerLimits{}
 			}
-			if a.mpsConnected[pod.UID] == nil {
-				a.mpsConnected[pod.UID] = map[string]gpu.MPSServerLimits{}
+			if e.mpsConnected[pod.UID] == nil {
+				e.mpsConnected[pod.UID] = map[string]gpu.MPSServerLimits{}
 			}
-			a.mpsConnected[pod.UID][g.UUID] = l
-			a.isoMu.Unlock()
+			e.mpsConnected[pod.UID][g.UUID] = l
+			e.mu.Unlock()
 		}
 	}
-	if a.limiter != nil {
-		plan := memlimit.Plan(memlimitPods(pods), a.limitedGPUs())
-		if err := a.limiter.ApplyPod(ctx, string(pod.UID), memlimit.ForPod(plan, string(pod.UID))); err != nil {
+	if e.limiter != nil {
+		plan := memlimit.Plan(memlimitPods(pods), e.limitedGPUs())
+		if err := e.limiter.ApplyPod(ctx, string(pod.UID), memlimit.ForPod(plan, string(pod.UID))); err != nil {
 			return nil, fmt.Errorf("kernel GPU memory limit: %w", err)
 		}
 	}
@@ -313,14 +426,14 @@ func (a *Agent) isolate(ctx context.Context, pod *v1.Pod, c gpu.ContainerAssignm
 	if i < 0 {
 		return nil, fmt.Errorf("pod %s/%s holds no Tessera assignment for this node", pod.Namespace, pod.Name)
 	}
-	held := a.guaranteesOf(pod, pods[i].asg)
+	held := e.guaranteesOf(pod, pods[i].asg)
 	var gs []gpu.Guarantee
 	for _, sg := range held {
 		if sg.Container == c.Name {
 			gs = append(gs, sg.Guarantee)
 		}
 	}
-	go a.reportIsolation(klog.NewContext(context.Background(), klog.FromContext(ctx)), pod, held)
+	go e.report(klog.NewContext(context.Background(), klog.FromContext(ctx)), pod, held)
 	return gs, nil
 }
 
@@ -339,7 +452,7 @@ func memlimitPods(pods []activePod) []memlimit.Pod {
 // then (mpsConnected), or, after the agent restarted, wrote into the pod's
 // condition. Without either, it is assumed to have connected under the
 // whole GPU's limits: never a claim the agent cannot back.
-func (a *Agent) guaranteesOf(pod *v1.Pod, asg *gpu.PodAssignment) []gpu.SliceGuarantee {
+func (e *Enforcer) guaranteesOf(pod *v1.Pod, asg *gpu.PodAssignment) []gpu.SliceGuarantee {
 	var recorded []gpu.SliceGuarantee
 	for _, c := range pod.Status.Conditions {
 		if c.Type == ConditionGPUIsolation {
@@ -350,10 +463,10 @@ func (a *Agent) guaranteesOf(pod *v1.Pod, asg *gpu.PodAssignment) []gpu.SliceGua
 	for _, c := range asg.Containers {
 		for _, g := range c.GPUs {
 			server := gpu.MPSServerLimits{ThreadPercent: 100}
-			held := gpu.GuaranteeOf(c.Mode, g, a.offer(g.UUID), server)
+			held := gpu.GuaranteeOf(c.Mode, g, e.Offer(g.UUID), server)
 			if c.Mode == gpu.ModeMPS {
-				if l, ok := a.mpsConnectedUnder(pod.UID, g.UUID); ok {
-					held = gpu.GuaranteeOf(c.Mode, g, a.offer(g.UUID), l)
+				if l, ok := e.mpsConnectedUnder(pod.UID, g.UUID); ok {
+					held = gpu.GuaranteeOf(c.Mode, g, e.Offer(g.UUID), l)
 				} else if i := slices.IndexFunc(recorded, func(r gpu.SliceGuarantee) bool { return r.Container == c.Name && r.GPU == g.UUID }); i >= 0 {
 					held = recorded[i].Guarantee
 				}
@@ -364,12 +477,22 @@ func (a *Agent) guaranteesOf(pod *v1.Pod, asg *gpu.PodAssignment) []gpu.SliceGua
 	return out
 }
 
+// SliceGuarantees is what holds each slice of pod, a pod of this node
+// holding GPUs, now (nil for a pod with no assignment here).
+func (e *Enforcer) SliceGuarantees(pod *v1.Pod) []gpu.SliceGuarantee {
+	asg, err := podgpu.BoundAssignment(pod)
+	if err != nil || asg == nil || asg.Node != e.cfg.Node {
+		return nil
+	}
+	return e.guaranteesOf(pod, asg)
+}
+
 // mpsConnectedUnder is the GPU's server limits when the pod's container
 // started on it, as recorded.
-func (a *Agent) mpsConnectedUnder(uid types.UID, uuid string) (gpu.MPSServerLimits, bool) {
-	a.isoMu.Lock()
-	defer a.isoMu.Unlock()
-	l, ok := a.mpsConnected[uid][uuid]
+func (e *Enforcer) mpsConnectedUnder(uid types.UID, uuid string) (gpu.MPSServerLimits, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	l, ok := e.mpsConnected[uid][uuid]
 	return l, ok
 }
 
@@ -388,10 +511,10 @@ func isolationCondition(gs []gpu.SliceGuarantee, now time.Time) v1.PodCondition 
 	return v1.PodCondition{Type: ConditionGPUIsolation, Status: status, Reason: reason, Message: msg, LastTransitionTime: metav1.NewTime(now)}
 }
 
-// reportIsolation sets the pod's GPUIsolation condition, best effort: the
+// report sets the pod's GPUIsolation condition, best effort: the
 // container has its limits whether or not the API server hears of it.
-func (a *Agent) reportIsolation(ctx context.Context, pod *v1.Pod, held []gpu.SliceGuarantee) {
-	if a.opts.Client == nil {
+func (e *Enforcer) report(ctx context.Context, pod *v1.Pod, held []gpu.SliceGuarantee) {
+	if e.cfg.Client == nil {
 		return
 	}
 	cond := isolationCondition(held, time.Now())
@@ -406,43 +529,43 @@ func (a *Agent) reportIsolation(ctx context.Context, pod *v1.Pod, held []gpu.Sli
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if _, err := a.opts.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+	if _, err := e.cfg.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
 		klog.FromContext(ctx).Error(err, "Setting the pod's GPU isolation condition failed", "pod", klog.KObj(pod))
 	}
 }
 
-// reconcileIsolation follows the GPUs' tenants: every pod cgroup's kernel
+// Reconcile follows the GPUs' tenants: every pod cgroup's kernel
 // memory limits become the rule's (soft limits change as tenants come and
 // go; an ended pod's, or a crashed agent's leftovers, are removed), and each
 // MPS GPU's server limits are lowered to what its tenants still need.
-func (a *Agent) reconcileIsolation(ctx context.Context) {
-	a.checkDriver(ctx)
+func (e *Enforcer) Reconcile(ctx context.Context) {
+	e.checkDriver(ctx)
 	logger := klog.FromContext(ctx)
-	pods := a.activePods(nil)
-	a.forgetEndedMPSClients(pods)
-	if a.mpsMgr != nil {
-		for _, d := range a.devices {
+	pods := e.activePods(nil)
+	e.forgetEndedMPSClients(pods)
+	if e.cfg.MPS != nil {
+		for _, d := range e.cfg.Devices {
 			if d.MIGEnabled {
 				continue
 			}
-			if _, err := a.mpsServerLimits(ctx, d.UUID, pods); err != nil {
+			if _, err := e.mpsServerLimits(ctx, d.UUID, pods); err != nil {
 				logger.Error(err, "Setting MPS server limits failed; retrying at the next pass", "gpu", d.UUID)
 			}
 		}
 	}
-	if a.limiter == nil {
+	if e.limiter == nil {
 		return
 	}
 	var offering []string
-	for _, d := range a.devices {
-		if a.offer(d.UUID).KernelMemoryLimits {
+	for _, d := range e.cfg.Devices {
+		if e.Offer(d.UUID).KernelMemoryLimits {
 			offering = append(offering, d.UUID)
 		}
 	}
 	if len(offering) == 0 {
 		return
 	}
-	res, err := a.limiter.Reconcile(ctx, memlimit.Plan(memlimitPods(pods), a.limitedGPUs()), offering)
+	res, err := e.limiter.Reconcile(ctx, memlimit.Plan(memlimitPods(pods), e.limitedGPUs()), offering)
 	if err != nil && !errors.Is(err, context.Canceled) {
 		logger.Error(err, "Reconciling kernel GPU memory limits failed in part; retrying at the next pass")
 	}
@@ -453,23 +576,23 @@ func (a *Agent) reconcileIsolation(ctx context.Context) {
 
 // forgetEndedMPSClients drops the connect-time limits of pods no longer
 // active.
-func (a *Agent) forgetEndedMPSClients(pods []activePod) {
+func (e *Enforcer) forgetEndedMPSClients(pods []activePod) {
 	active := make(map[types.UID]bool, len(pods))
 	for _, p := range pods {
 		active[p.pod.UID] = true
 	}
-	a.isoMu.Lock()
-	defer a.isoMu.Unlock()
-	for uid := range a.mpsConnected {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for uid := range e.mpsConnected {
 		if !active[uid] {
-			delete(a.mpsConnected, uid)
+			delete(e.mpsConnected, uid)
 		}
 	}
 }
 
-// isolationCollector exports, per slice and dimension, the mechanism that
+// collector exports, per slice and dimension, the mechanism that
 // holds it: tessera_slice_isolation{…, dimension, mechanism} 1.
-type isolationCollector struct{ a *Agent }
+type collector struct{ e *Enforcer }
 
 var sliceIsolationDesc = prometheus.NewDesc("tessera_slice_isolation",
 	"What holds each slice, per dimension: device (whole GPU), kernel (NVML cgroup limit), mps-server, mps-client (held only for cooperating clients) or none (accounted only). Always 1.",
@@ -486,25 +609,25 @@ var (
 		gpu.TenantSeriesLabels, nil)
 )
 
-func (c isolationCollector) Describe(ch chan<- *prometheus.Desc) {
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- sliceIsolationDesc
 	ch <- grantedMemoryDesc
 	ch <- grantedCoresDesc
 }
 
-func (c isolationCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, p := range c.a.activePods(nil) {
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	for _, p := range c.e.activePods(nil) {
 		for _, ctr := range p.asg.Containers {
 			for _, g := range ctr.GPUs {
-				l := c.a.seriesLabels(g.UUID, p.pod.Namespace, p.pod.Name, ctr.Name)
+				l := c.e.cfg.Labels(g.UUID, p.pod.Namespace, p.pod.Name, ctr.Name)
 				ch <- prometheus.MustNewConstMetric(grantedMemoryDesc, prometheus.GaugeValue, float64(g.MemoryMiB)*(1<<20), l...)
 				ch <- prometheus.MustNewConstMetric(grantedCoresDesc, prometheus.GaugeValue, float64(g.CoresPerMille)/gpu.CoresPerGPU, l...)
 			}
 		}
-		for _, g := range c.a.guaranteesOf(p.pod, p.asg) {
+		for _, g := range c.e.guaranteesOf(p.pod, p.asg) {
 			for dim, m := range map[string]gpu.Mechanism{"memory": g.Memory, "compute": g.Compute} {
 				ch <- prometheus.MustNewConstMetric(sliceIsolationDesc, prometheus.GaugeValue, 1,
-					c.a.seriesLabels(g.GPU, p.pod.Namespace, p.pod.Name, g.Container, dim, string(m))...)
+					c.e.cfg.Labels(g.GPU, p.pod.Namespace, p.pod.Name, g.Container, dim, string(m))...)
 			}
 		}
 	}
