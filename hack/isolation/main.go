@@ -24,8 +24,8 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/agent/memlimit"
 	"github.com/tessera-gpu/tessera/pkg/agent/mps"
-	"github.com/tessera-gpu/tessera/pkg/nvml"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/nvml"
 )
 
 func main() {

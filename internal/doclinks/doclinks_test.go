@@ -46,10 +46,10 @@ func anchors(t *testing.T, path string) map[string]bool {
 func TestSlug(t *testing.T) {
 	for h, want := range map[string]string{
 		"Beside kube-scheduler, or instead of it": "beside-kube-scheduler-or-instead-of-it",
-		"`make test`":                             "make-test",
-		"Labels join with DCGM exporter's":        "labels-join-with-dcgm-exporters",
-		"TesseraAgentDown":                        "tesseraagentdown",
-		"How long `make test` takes":              "how-long-make-test-takes",
+		"`make test`":                      "make-test",
+		"Labels join with DCGM exporter's": "labels-join-with-dcgm-exporters",
+		"TesseraAgentDown":                 "tesseraagentdown",
+		"How long `make test` takes":       "how-long-make-test-takes",
 	} {
 		if got := slug(h); got != want {
 			t.Errorf("slug(%q) = %q, want %q", h, got, want)
