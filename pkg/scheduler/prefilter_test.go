@@ -8,12 +8,15 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 	internalcache "k8s.io/kubernetes/pkg/scheduler/backend/cache"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/scheduler/schedtest"
@@ -133,4 +136,57 @@ func TestNarrowsSearch(t *testing.T) {
 			t.Errorf("narrowsSearch(%d of %d, %v) = %v, want %v", c.candidates, c.all, c.percentage, got, c.want)
 		}
 	}
+}
+
+func TestPreFilter(t *testing.T) {
+	nodes, pods := oneGPUNodes(t)
+	h := newHarness(t, "", nodes, pods...)
+	cores := wholeGPUPod("cores", "1")
+	cores.Spec.Containers[0].Resources.Limits[gpu.ResourceCores] = resource.MustParse("150")
+	cores.Spec.Containers[0].Resources.Limits[gpu.ResourceMemory] = resource.MustParse("8192")
+	huge := wholeGPUPod("huge", "1")
+	huge.Spec.Containers[0].Resources.Limits[gpu.ResourceMemory] = resource.MustParse("200000")
+	huge.Spec.Containers[0].Resources.Limits[gpu.ResourceCores] = resource.MustParse("10")
+	web := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ml", Name: "web"}, Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c"}}}}
+	for _, c := range []struct {
+		name  string
+		pod   *v1.Pod
+		want  *fwk.Status
+		slots int64
+	}{
+		{"no GPUs: skipped", web, fwk.NewStatus(fwk.Skip), 0},
+		{"one whole GPU", wholeGPUPod("one", "1"), nil, 1},
+		{"more GPUs than any node has", wholeGPUPod("two", "2"), fwk.NewStatus(fwk.UnschedulableAndUnresolvable,
+			"the pod asks for 2 GPUs on one node, but the node with the most GPUs has 1; it waits until a node with more joins (or ask for fewer)"), 0},
+		{"cores out of range", cores, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, invalidRequest(t, h, cores, "must be 1–100")), 0},
+		{"larger than every GPU", huge, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, invalidRequest(t, h, huge, "largest GPU in the cluster has 81920 MiB")), 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			state, st := h.preFilter(c.pod)
+			if d := cmp.Diff(c.want, st); d != "" {
+				t.Fatalf("PreFilter (-want +got):\n%s", d)
+			}
+			s := readState(state)
+			if !st.IsSuccess() {
+				if s != nil {
+					t.Fatal("a refused pod left cycle state")
+				}
+				return
+			}
+			if s == nil || s.req == nil || s.slots != c.slots || s.freedAt != h.p.cache.RoomChanges() {
+				t.Fatalf("cycle state %+v, want the request and %d slots", s, c.slots)
+			}
+		})
+	}
+}
+
+// invalidRequest is the message PreFilter gives a pod whose request the
+// plugin refuses as invalid, checked to say what is wrong (says).
+func invalidRequest(t *testing.T, h *harness, pod *v1.Pod, says string) string {
+	t.Helper()
+	_, err := h.p.request(pod)
+	if err == nil || !strings.Contains(err.Error(), says) {
+		t.Fatalf("pod %s: request error %v, want one saying %q", pod.Name, err, says)
+	}
+	return err.Error()
 }
