@@ -20,6 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/prometheus/common/model"
+
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/playground"
@@ -105,13 +107,15 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// startPrometheus runs bin at a 1 s scrape and evaluation interval with
-// the rule file rules and the scrape configurations scrapes, until the test
-// ends; its log is shown when the test fails.
-func startPrometheus(t *testing.T, bin, rules, scrapes string) *prometheus {
+// startPrometheus runs bin at the scrape and evaluation interval every
+// (which is also the scrape timeout) with the rule file rules and the
+// scrape configurations scrapes, until the test ends; its log is shown
+// when the test fails.
+func startPrometheus(t *testing.T, bin, rules, scrapes string, every time.Duration) *prometheus {
 	t.Helper()
 	dir := t.TempDir()
-	config := fmt.Sprintf("global: {scrape_interval: 1s, evaluation_interval: 1s}\nrule_files: [%q]\nscrape_configs:\n%s", rules, scrapes)
+	config := fmt.Sprintf("global: {scrape_interval: %s, scrape_timeout: %[1]s, evaluation_interval: %[1]s}\nrule_files: [%q]\nscrape_configs:\n%s",
+		model.Duration(every), rules, scrapes)
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(config), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +252,7 @@ func (p *prometheus) raised(name string, want map[string]string, since time.Time
 func TestAlertsFireInARealPrometheus(t *testing.T) {
 	bin := prometheusBinary(t)
 	c, _ := up(t, playground.Options{Nodes: 2, GPUsPerNode: 2, Model: "h100", MPSNodes: 1})
-	p := startPrometheus(t, bin, shippedRules(t), tesseraScrapes(t, c))
+	p := startPrometheus(t, bin, shippedRules(t), tesseraScrapes(t, c), time.Second)
 	// Every target up: both agents and the scheduler.
 	p.targetsUp(3)
 	raised := func(name string, want map[string]string) {
@@ -395,7 +399,7 @@ func TestComponentAlertsFireInARealPrometheus(t *testing.T) {
 	rules := shortened(t, map[string]string{
 		"tessera_scheduler_pending_gpu_pod_age_seconds > 900": "tessera_scheduler_pending_gpu_pod_age_seconds > 10",
 	})
-	p := startPrometheus(t, bin, rules, scrapes)
+	p := startPrometheus(t, bin, rules, scrapes, time.Second)
 	// Three agents, the scheduler and kube-state-metrics.
 	p.targetsUp(5)
 	// kube-state-metrics sees the DaemonSet with all three agents ready.
