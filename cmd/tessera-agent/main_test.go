@@ -5,11 +5,18 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+
+	"github.com/tessera-gpu/tessera/deploy"
+	"github.com/tessera-gpu/tessera/deploy/chart"
 )
 
 // kubeconfig points at nothing: the cases below stop before any request.
@@ -60,4 +67,66 @@ func TestStartupErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestChartArgsAreTheAgents runs the agent with the arguments the chart
+// renders for an operator's values — no-GPU mode and an extra flag — as
+// its DaemonSet would, on a node without a driver: it does not exit for
+// the missing driver (exit 3, crash-looping), it goes on to serve an empty
+// node (here it stops at the API server, which this test does not run).
+func TestChartArgsAreTheAgents(t *testing.T) {
+	var values map[string]any
+	if err := yaml.Unmarshal([]byte(`agent: {allowNoGPU: true, extraArgs: ["--scheduler-names=tessera-scheduler,gpu-batch"]}`), &values); err != nil {
+		t.Fatal(err)
+	}
+	r, err := chart.Render(values, chart.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifest, err := r.Join(r.Names()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := deploy.Objects(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var args []string
+	for _, u := range objs {
+		if u.GetKind() != "DaemonSet" || u.GetName() != "tessera-agent" {
+			continue
+		}
+		containers, _, _ := unstructured.NestedSlice(u.Object, "spec", "template", "spec", "containers")
+		for _, a := range containers[0].(map[string]any)["args"].([]any) {
+			args = append(args, a.(string))
+		}
+	}
+	if !slices.Contains(args, "--allow-no-gpu") || args[len(args)-1] != "--scheduler-names=tessera-scheduler,gpu-batch" {
+		t.Fatalf("rendered agent args %q: want --allow-no-gpu and the extra flag last", args)
+	}
+	dir := t.TempDir()
+	kc := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kc, []byte(kubeconfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer func(f func() gonvml.Interface) { newNVML = f }(newNVML)
+	newNVML = func() gonvml.Interface {
+		s := dgxh100.New()
+		s.InitFunc = func() gonvml.Return { return gonvml.ERROR_LIBRARY_NOT_FOUND }
+		return s
+	}
+	// The node's own paths and port stay the node's: what the test runs
+	// points at its scratch directory and the loopback (a later flag wins,
+	// as the chart's extraArgs rely on).
+	local := []string{"--node", "n1", "--kubeconfig", kc, "--metrics-addr", "127.0.0.1:0", "--cgroup-root=", "--driver-root=",
+		"--device-plugin-dir", dir, "--pod-resources-socket", filepath.Join(dir, "pr.sock"), "--cdi-dir", filepath.Join(dir, "cdi"),
+		"--mps-root", filepath.Join(dir, "mps"), "--preemption-dir", filepath.Join(dir, "preemption"), "--host-root="}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	var errOut bytes.Buffer
+	code := run(ctx, append(args, local...), &errOut)
+	if code == exitNoDriver || code == exitUsage || !strings.Contains(errOut.String(), "publish GPU inventory of node n1") {
+		t.Fatalf("the agent with the chart's no-GPU mode exited %d: %s; want it past the driver, publishing the empty node's inventory", code, errOut.String())
+	}
+	t.Logf("exit %d (no API server here): %s", code, strings.TrimSpace(errOut.String()))
 }

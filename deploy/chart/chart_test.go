@@ -342,6 +342,7 @@ func TestValuesSchema(t *testing.T) {
 		{"scheduler: {replicas: two}", "/scheduler/replicas"},
 		{"scheduler: {replica: 2}", "replica"},
 		{"agent: {mps: yes please}", "/agent/mps"},
+		{`agent: {extraArgs: ["allow-no-gpu"]}`, "/agent/extraArgs/0"},
 		{"scheduler: {mode: alone}", "/scheduler/mode"},
 		{"scheduler: {preemption: {gracePeriod: soon}}", "/scheduler/preemption/gracePeriod"},
 		{"monitoring: {grafana: true}", "grafana"},
