@@ -17,6 +17,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/deploy"
@@ -390,6 +391,7 @@ func checkAgents(f ClusterFacts, o ClusterOptions) []Finding {
 		case inv == nil:
 			out = append(out, Finding{ID: "agents.inventory", Severity: Error, Subject: n.Name, Summary: "a GPU node without a Tessera inventory: tessera-agent has not started there",
 				Remedy: "kubectl -n " + o.Namespace + " get pods -o wide -l " + agentendpoint.Selector + "; the agent needs the NVIDIA runtime and the node's GPU label."})
+			out = append(out, agentPod(f.Pods, o.Namespace, n.Name)...)
 		}
 		l, has := leases[inventory.HeartbeatName(n.Name)]
 		if !has {
@@ -405,6 +407,9 @@ func checkAgents(f ClusterFacts, o ClusterOptions) []Finding {
 				Summary:  fmt.Sprintf("tessera-agent has not been heard from for %v: its inventory is stale and starting GPU containers get no slots", age.Round(time.Second)),
 				Evidence: fmt.Sprintf("lease %s/%s renewed %v", l.Namespace, l.Name, l.Spec.RenewTime),
 				Remedy:   "kubectl -n " + o.Namespace + " get pods -o wide --field-selector spec.nodeName=" + n.Name + "; read the agent's log (NVML hung, API server unreachable) or restart it."})
+			if inv != nil {
+				out = append(out, agentPod(f.Pods, o.Namespace, n.Name)...)
+			}
 			continue
 		}
 		if inv != nil {
@@ -412,6 +417,75 @@ func checkAgents(f ClusterFacts, o ClusterOptions) []Finding {
 		}
 	}
 	return out
+}
+
+// agentPod says, for a node whose agent is not heard from, what its agent
+// pod does: none there (the DaemonSet placed none), pending, or crashing
+// with its last exit, told apart: a missing driver (exit 3), a bad flag or
+// configuration (exit 2), anything else. Nothing when the pod runs ready
+// (the heartbeat finding says the rest).
+func agentPod(pods []v1.Pod, ns, node string) []Finding {
+	sel, _ := labels.Parse(agentendpoint.Selector)
+	var pod *v1.Pod
+	for i := range pods {
+		if p := &pods[i]; p.Namespace == ns && p.Spec.NodeName == node && sel.Matches(labels.Set(p.Labels)) && p.DeletionTimestamp == nil {
+			pod = p
+		}
+	}
+	if pod == nil {
+		return []Finding{{ID: "agents.pod", Severity: Error, Subject: node,
+			Summary: "no tessera-agent pod on the node: its DaemonSet placed none",
+			Remedy:  "kubectl -n " + ns + " describe daemonset tessera-agent (its nodeSelector and tolerations against the node's labels and taints, and room on the node)."}}
+	}
+	describe := "kubectl -n " + ns + " describe pod " + pod.Name
+	if pod.Status.Phase == v1.PodPending && len(pod.Status.ContainerStatuses) == 0 {
+		why := pod.Status.Reason
+		for _, c := range pod.Status.Conditions {
+			if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse && c.Message != "" {
+				why = c.Message
+			}
+		}
+		return []Finding{{ID: "agents.pod", Severity: Error, Subject: node, Summary: "the node's tessera-agent pod " + pod.Name + " is Pending", Evidence: why, Remedy: describe + "."}}
+	}
+	for _, c := range pod.Status.ContainerStatuses {
+		if c.Ready {
+			continue
+		}
+		last := c.LastTerminationState.Terminated
+		if last == nil {
+			last = c.State.Terminated
+		}
+		waiting := ""
+		if c.State.Waiting != nil {
+			waiting = c.State.Waiting.Reason
+		}
+		evidence := fmt.Sprintf("container %s: %d restarts", c.Name, c.RestartCount)
+		if waiting != "" {
+			evidence += ", " + waiting
+		}
+		logs := "kubectl -n " + ns + " logs " + pod.Name + " --previous"
+		switch {
+		case last == nil:
+			return []Finding{{ID: "agents.pod", Severity: Error, Subject: node, Summary: "the node's tessera-agent pod " + pod.Name + " is not ready",
+				Evidence: evidence, Remedy: describe + "."}}
+		case last.ExitCode == 3:
+			return []Finding{{ID: "agents.pod", Severity: Error, Subject: node,
+				Summary:  "tessera-agent crash-loops on the node: exit 3, NVML did not load (no NVIDIA driver, or the runtime gives the agent none)",
+				Evidence: evidence + ", last exit 3",
+				Remedy:   "Install the NVIDIA driver and container toolkit there, or set the chart's agent.allowNoGPU=true to serve an empty node; " + logs + "."}}
+		case last.ExitCode == 2:
+			return []Finding{{ID: "agents.pod", Severity: Error, Subject: node,
+				Summary:  "tessera-agent crash-loops on the node: exit 2, a bad flag or configuration",
+				Evidence: evidence + ", last exit 2",
+				Remedy:   logs + " names the flag or field; fix the chart's values (agent.extraArgs, the configuration)."}}
+		default:
+			return []Finding{{ID: "agents.pod", Severity: Error, Subject: node,
+				Summary:  fmt.Sprintf("tessera-agent crash-loops on the node: exit %d", last.ExitCode),
+				Evidence: fmt.Sprintf("%s, last exit %d (%s)", evidence, last.ExitCode, last.Reason),
+				Remedy:   logs + "."}}
+		}
+	}
+	return nil
 }
 
 // checkPending groups the GPU pods waiting for a slice by the scheduler's

@@ -68,6 +68,21 @@ func policies(bound ...string) []runtime.Object {
 	return out
 }
 
+func agentPodOn(node string, mutate func(p *v1.Pod)) *v1.Pod {
+	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "tessera-system", Name: "tessera-agent-" + node, Labels: map[string]string{"app.kubernetes.io/name": "tessera-agent"}},
+		Spec: v1.PodSpec{NodeName: node}, Status: v1.PodStatus{Phase: v1.PodRunning}}
+	mutate(p)
+	return p
+}
+
+func crashing(code int32) func(p *v1.Pod) {
+	return func(p *v1.Pod) {
+		p.Status.ContainerStatuses = []v1.ContainerStatus{{Name: "agent", RestartCount: 7,
+			State:                v1.ContainerState{Waiting: &v1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}},
+			LastTerminationState: v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: code, Reason: "Error"}}}}
+	}
+}
+
 // TestClusterFaults: each cluster-side fault, on the API objects it leaves,
 // is found with its remedy; a healthy cluster is all ok.
 func TestClusterFaults(t *testing.T) {
@@ -125,6 +140,38 @@ scheduler_scheduling_attempt_duration_seconds_count{result="scheduled"} 100
 					lease("tessera-system", inventory.HeartbeatName("n2"), "n2", time.Second, 40))
 			},
 			id: "agents.heartbeat", sev: Error, want: []string{"n1", "not been heard from for 5m0s", "spec.nodeName=n1"}},
+		{name: "a GPU node without inventory and no agent pod",
+			objs: func(t *testing.T) []runtime.Object {
+				return append(healthy(t), &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n3", Labels: map[string]string{"nvidia.com/gpu.present": "true"}}})
+			},
+			id: "agents.pod", sev: Error, want: []string{"n3", "its DaemonSet placed none", "describe daemonset tessera-agent"}},
+		{name: "an agent crash-looping for want of a driver",
+			objs: func(t *testing.T) []runtime.Object {
+				return append(healthy(t), &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n3", Labels: map[string]string{"nvidia.com/gpu.present": "true"}}},
+					agentPodOn("n3", crashing(3)))
+			},
+			id: "agents.pod", sev: Error, want: []string{"n3", "exit 3, NVML did not load", "7 restarts, CrashLoopBackOff, last exit 3", "agent.allowNoGPU=true", "logs tessera-agent-n3 --previous"}},
+		{name: "an agent crash-looping on a bad flag",
+			objs: func(t *testing.T) []runtime.Object {
+				return append(healthy(t)[:2], lease("tessera-system", inventory.HeartbeatName("n1"), "n1", 5*time.Minute, 40),
+					lease("tessera-system", inventory.HeartbeatName("n2"), "n2", time.Second, 40), agentPodOn("n1", crashing(2)))
+			},
+			id: "agents.pod", sev: Error, want: []string{"n1", "exit 2, a bad flag or configuration", "agent.extraArgs"}},
+		{name: "an agent crash-looping otherwise",
+			objs: func(t *testing.T) []runtime.Object {
+				return append(healthy(t)[:2], lease("tessera-system", inventory.HeartbeatName("n1"), "n1", 5*time.Minute, 40),
+					lease("tessera-system", inventory.HeartbeatName("n2"), "n2", time.Second, 40), agentPodOn("n1", crashing(137)))
+			},
+			id: "agents.pod", sev: Error, want: []string{"n1", "exit 137", "last exit 137 (Error)"}},
+		{name: "an agent pod pending",
+			objs: func(t *testing.T) []runtime.Object {
+				return append(healthy(t), &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n3", Labels: map[string]string{"nvidia.com/gpu.present": "true"}}},
+					agentPodOn("n3", func(p *v1.Pod) {
+						p.Status.Phase = v1.PodPending
+						p.Status.Conditions = []v1.PodCondition{{Type: v1.PodScheduled, Status: v1.ConditionFalse, Message: "0/3 nodes are available: 1 Insufficient memory."}}
+					}))
+			},
+			id: "agents.pod", sev: Error, want: []string{"n3", "is Pending", "1 Insufficient memory", "describe pod tessera-agent-n3"}},
 		{name: "a GPU node without inventory",
 			objs: func(t *testing.T) []runtime.Object {
 				return append(healthy(t), &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n3", Labels: map[string]string{"nvidia.com/gpu.present": "true"}}})

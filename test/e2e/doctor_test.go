@@ -24,7 +24,9 @@ import (
 // memory, stalled GPUs — it reports each with its remedy, and the healthy
 // parts stay ok.
 func TestDoctorFindsInjectedFaults(t *testing.T) {
-	c, _ := up(t, playground.Options{Nodes: 2, GPUsPerNode: 2, Model: "a100"})
+	// The agents run as the chart's DaemonSet's pods, so the doctor can
+	// tell what a stopped agent's pod does.
+	c, _ := up(t, playground.Options{Nodes: 2, GPUsPerNode: 2, Model: "a100", AgentDaemonSet: true})
 	ctx := context.Background()
 	var agents []string
 	for _, n := range c.Nodes {
@@ -85,6 +87,7 @@ func TestDoctorFindsInjectedFaults(t *testing.T) {
 
 	want := map[string]string{
 		"agents.heartbeat":   c.Nodes[1].Name,
+		"agents.pod":         c.Nodes[1].Name,
 		"refused.gpu-pods":   ns + "/rogue",
 		"oom.gpu-containers": ns + "/oom/main",
 		"stall.gpu":          "",
