@@ -1,6 +1,12 @@
 # Tessera — the two commands a newcomer needs are `make demo` and `make test`.
 
 GO ?= go
+# The release and revision every binary make builds reports (tessera
+# version), as the images stamp them (Go's own VCS stamp is off where
+# GOFLAGS has -buildvcs=false).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo -dirty)
+LDFLAGS = -X github.com/tessera-gpu/tessera/pkg/version.Version=$(VERSION) -X github.com/tessera-gpu/tessera/pkg/version.Revision=$(REVISION)
 OPENB ?= ../shared/traces/openb
 # go-nvml's cgo preamble calls NVML functions NVIDIA has deprecated; the compiler's
 # deprecation warnings (about 300 lines on a cold build) say nothing about Tessera.
@@ -10,7 +16,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 ## demo: a local playground cluster (4 simulated nodes × 8 H100s) with a sample workload; prints where each pod landed.
 demo:
-	$(GO) build -o bin/tessera ./cmd/tessera
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/tessera ./cmd/tessera
 	./bin/tessera up --demo
 
 ## demo-sim: replay the built-in synthetic workload through every policy and print the summary.
@@ -83,7 +89,7 @@ test-short:
 
 ## build: the binaries, into bin/.
 build:
-	$(GO) build -o bin/ ./cmd/...
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/...
 
 vet:
 	$(GO) vet ./...
@@ -122,7 +128,7 @@ openb: build
 SEEDS ?= 1 2 3
 SOAK_EVENTS ?= 10000
 soak:
-	$(GO) build -o bin/tessera ./cmd/tessera
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/tessera ./cmd/tessera
 	@for s in $(SEEDS); do ./bin/tessera soak --seed $$s --events $(SOAK_EVENTS) || exit 1; done
 
 ## fuzz: run every fuzz target for FUZZEXECS executions each (default 1,000,000; make test runs their seed corpora only).
