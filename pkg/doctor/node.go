@@ -334,7 +334,7 @@ func checkRuntime(f NodeFacts, _ NodeOptions) []Finding {
 	case c == nil:
 		out = append(out, pass("runtime.cdi", "", "CRI-O: CDI is on by default", "/"+pathCRIO))
 	case c.Err != nil:
-		out = append(out, Finding{ID: "runtime.cdi", Severity: Warning, Summary: "containerd's config could not be parsed", Evidence: c.Err.Error()})
+		out = append(out, Finding{ID: "runtime.cdi", Severity: Warning, Summary: "containerd's config could not be parsed", Evidence: c.Path + ": " + c.Err.Error()})
 	default:
 		on := c.Version >= 3 // containerd 2.x enables CDI by default
 		if c.EnableCDI != nil {
@@ -344,16 +344,20 @@ func checkRuntime(f NodeFacts, _ NodeOptions) []Finding {
 		if len(dirs) == 0 {
 			dirs = []string{"/etc/cdi", "/var/run/cdi"}
 		}
+		read := c.Path
+		if len(c.Imports) > 0 {
+			read += " (with " + strings.Join(c.Imports, ", ") + ")"
+		}
 		switch {
 		case !on:
 			out = append(out, Finding{ID: "runtime.cdi", Severity: Error, Summary: "containerd's CDI is off: GPU containers fail to start (unresolvable CDI device tessera.dev/gpu=…)",
-				Evidence: fmt.Sprintf("config version %d, enable_cdi %v", c.Version, boolString(c.EnableCDI)),
-				Remedy:   `Set enable_cdi = true and cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"] in the CRI plugin's section of /etc/containerd/config.toml and restart containerd.`})
+				Evidence: fmt.Sprintf("%s: config version %d, enable_cdi %v", read, c.Version, boolString(c.EnableCDI)),
+				Remedy:   `Set enable_cdi = true and cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"] in the CRI plugin's section of ` + c.Path + ` and restart containerd.`})
 		case !slices.Contains(dirs, "/var/run/cdi"):
 			out = append(out, Finding{ID: "runtime.cdi", Severity: Error, Summary: "containerd does not read /var/run/cdi, where tessera-agent writes the slots' specs",
-				Evidence: "cdi_spec_dirs = " + strings.Join(dirs, ", "), Remedy: `Add "/var/run/cdi" to cdi_spec_dirs and restart containerd.`})
+				Evidence: read + ": cdi_spec_dirs = " + strings.Join(dirs, ", "), Remedy: `Add "/var/run/cdi" to cdi_spec_dirs in ` + c.Path + ` and restart containerd.`})
 		default:
-			out = append(out, pass("runtime.cdi", "", "containerd's CDI is on and reads /var/run/cdi", strings.Join(dirs, ", ")))
+			out = append(out, pass("runtime.cdi", "", "containerd's CDI is on and reads /var/run/cdi", read+": "+strings.Join(dirs, ", ")))
 		}
 	}
 	if f.NvidiaRuntime == "" && f.CDIHook == "" {

@@ -180,6 +180,20 @@ func TestFaultsOfTheSourceWriteUp(t *testing.T) {
 				f["etc/containerd/config.toml"].Data = []byte("version = 2\n[plugins.\"io.containerd.grpc.v1.cri\"]\n  enable_cdi = true\n  cdi_spec_dirs = [\"/etc/cdi\"]\n")
 			},
 			id: "runtime.cdi", sev: Error, want: []string{"does not read /var/run/cdi"}},
+		{name: "containerd started with its own config (k3s), CDI off there",
+			break_: func(f fstest.MapFS, _ *server.Server) {
+				f["proc/77/cmdline"] = &fstest.MapFile{Data: []byte("/usr/local/bin/containerd\x00-c\x00/var/lib/rancher/k3s/agent/etc/containerd/config.toml\x00--state\x00/run/k3s/containerd\x00")}
+				f["var/lib/rancher/k3s/agent/etc/containerd/config.toml"] = &fstest.MapFile{Data: []byte("version = 2\n[plugins.\"io.containerd.grpc.v1.cri\"]\n  enable_cdi = false\n")}
+			},
+			id: "runtime.cdi", sev: Error, want: []string{"CDI is off", "/var/lib/rancher/k3s/agent/etc/containerd/config.toml: config version 2, enable_cdi false",
+				"section of /var/lib/rancher/k3s/agent/etc/containerd/config.toml"}},
+		{name: "containerd's drop-in turns CDI off",
+			break_: func(f fstest.MapFS, _ *server.Server) {
+				f["proc/77/cmdline"] = &fstest.MapFile{Data: []byte("/usr/bin/containerd\x00--config=/etc/containerd/config.toml\x00")}
+				f["etc/containerd/config.toml"].Data = []byte("version = 3\nimports = [\"conf.d/*.toml\"]\n")
+				f["etc/containerd/conf.d/99-gpu.toml"] = &fstest.MapFile{Data: []byte("version = 3\n[plugins.\"io.containerd.cri.v1.runtime\"]\n  enable_cdi = false\n")}
+			},
+			id: "runtime.cdi", sev: Error, want: []string{"CDI is off", "/etc/containerd/config.toml (with /etc/containerd/conf.d/99-gpu.toml)"}},
 		{name: "the NVIDIA runtime honours NVIDIA_VISIBLE_DEVICES",
 			break_: func(f fstest.MapFS, _ *server.Server) {
 				f["etc/nvidia-container-runtime/config.toml"].Data = []byte("[nvidia-container-runtime]\nmode = \"auto\"\n")

@@ -147,7 +147,12 @@ type ContainerdFacts struct {
 	// 2.0).
 	EnableCDI   *bool
 	CDISpecDirs []string
-	Err         error
+	// Path is the config read ("/etc/containerd/config.toml" unless the
+	// running containerd names another with --config), and Imports the
+	// drop-ins it imports that were read after it.
+	Path    string
+	Imports []string
+	Err     error
 }
 
 // GatherNode reads a node's facts from root (the node's / as an fs.FS) and
@@ -183,8 +188,12 @@ func GatherNode(root fs.FS, lib gonvml.Interface, libErr error, query MPSQuery) 
 		}
 	}
 	f.Kubelet = gatherKubelet(root)
-	if b, err := fs.ReadFile(root, pathContainerd); err == nil {
-		f.Containerd = parseContainerd(b)
+	if p := containerdConfigPath(root); p != "" {
+		if b, err := fs.ReadFile(root, p); err == nil {
+			f.Containerd = parseContainerd(b)
+			f.Containerd.Path = "/" + p
+			readContainerdImports(root, p, b, f.Containerd)
+		}
 	}
 	if _, err := fs.Stat(root, pathCRIO); err == nil {
 		f.CRIO = true
@@ -363,6 +372,76 @@ func kubeletArgs(root fs.FS) []string {
 		return strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
 	}
 	return nil
+}
+
+// containerdConfigPath is where containerd reads its config, relative to
+// root: what the running containerd was given with --config (or -c), as
+// its command line in /proc says (k3s, RKE2 and others start it with their
+// own), else the default /etc/containerd/config.toml.
+func containerdConfigPath(root fs.FS) string {
+	cmdlines, _ := fs.Glob(root, "proc/[0-9]*/cmdline")
+	for _, c := range cmdlines {
+		b, err := fs.ReadFile(root, c)
+		if err != nil || len(b) == 0 {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if path.Base(args[0]) != "containerd" {
+			continue
+		}
+		for i, a := range args[1:] {
+			var p string
+			switch {
+			case (a == "--config" || a == "-c") && i+2 < len(args):
+				p = args[i+2]
+			case strings.HasPrefix(a, "--config="):
+				p = strings.TrimPrefix(a, "--config=")
+			case strings.HasPrefix(a, "-c="):
+				p = strings.TrimPrefix(a, "-c=")
+			}
+			if p != "" {
+				return strings.TrimPrefix(path.Clean(p), "/")
+			}
+		}
+	}
+	return pathContainerd
+}
+
+// readContainerdImports applies the drop-ins the config at p (its content
+// b) imports, in order, as containerd does: a later file's CRI settings
+// replace the earlier ones'. Import paths may be globs, relative to the
+// config's directory.
+func readContainerdImports(root fs.FS, p string, b []byte, c *ContainerdFacts) {
+	var cfg struct {
+		Imports []string `toml:"imports"`
+	}
+	if _, err := toml.NewDecoder(bytes.NewReader(b)).Decode(&cfg); err != nil {
+		return
+	}
+	for _, imp := range cfg.Imports {
+		if !path.IsAbs(imp) {
+			imp = path.Join("/", path.Dir(p), imp)
+		}
+		matches, _ := fs.Glob(root, strings.TrimPrefix(path.Clean(imp), "/"))
+		for _, m := range matches {
+			data, err := fs.ReadFile(root, m)
+			if err != nil {
+				continue
+			}
+			d := parseContainerd(data)
+			if d.Err != nil {
+				c.Err = fmt.Errorf("%s: %w", "/"+m, d.Err)
+				continue
+			}
+			if d.EnableCDI != nil {
+				c.EnableCDI = d.EnableCDI
+			}
+			if len(d.CDISpecDirs) > 0 {
+				c.CDISpecDirs = d.CDISpecDirs
+			}
+			c.Imports = append(c.Imports, "/"+m)
+		}
+	}
 }
 
 // parseContainerd reads the CRI plugin's CDI settings from containerd's
