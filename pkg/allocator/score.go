@@ -42,10 +42,9 @@ func (a *Allocator) score(n *Node, st *fragState, after *[MaxGPUsPerNode]usage, 
 // The rounding is part of the algorithm, not an artefact to polish away: it
 // makes placements whose gradients differ by less than about 0.04 GPU equal, and
 // equal scores go to the earliest node of a fixed order, so near-equal choices
-// consolidate onto the same nodes. Scoring the exact gradient instead loses
-// 2.4 points of allocation on the openb default trace (92.9 % against 95.2 %,
-// `tessera sim`, seeds 42–51): it spreads sharing pods over every node that is
-// marginally better.
+// consolidate onto the same nodes. Scoring the exact gradient instead spreads
+// sharing pods over every node that is marginally better, and packs worse
+// (docs/benchmarks.md has the replays).
 func nodeScore(reduction float64) float64 {
 	return math.Floor(100 / (1 + math.Exp(-reduction/1000)))
 }

@@ -21,8 +21,7 @@ const ResourcesFitName = "TesseraNodeResourcesFit"
 // pod without its tessera.dev resources. Those are TesseraGPU's to account;
 // NodeResourcesFit would skip them anyway (ignoredResourceGroups), but only
 // after matching each of them against a regular expression on every node it
-// filters — with three of them per GPU pod, the largest single cost of a
-// scheduling cycle at 1,000 nodes. CPU, memory, ephemeral storage, pod count
+// filters, three of them per GPU pod on every node of every cycle. CPU, memory, ephemeral storage, pod count
 // and every other extended resource are checked by the upstream code itself;
 // tessera.dev/gpu, kubelet's device-plugin slots, by TesseraGPU's Filter
 // (slotsFit: two map lookups, where the upstream check of that one name

@@ -56,9 +56,9 @@ type Cache struct {
 	// byCarrier files each node's state under its carrier (see nodeState),
 	// the object the scheduler's snapshot hands Filter and Score: found by
 	// the object's address, a node costs neither hashing its name nor
-	// reading the map's copy of it, which at 5,000 nodes were 2.8 of a
-	// churn round's 161.5 CPU-s. An entry leaves when its state leaves
-	// nodes, so it always names the state nodes holds for that name.
+	// reading the map's copy of it, on every Filter call of every node. An
+	// entry leaves when its state leaves nodes, so it always names the
+	// state nodes holds for that name.
 	byCarrier map[*v1.Node]*nodeState
 	pods      map[types.UID]*podRecord
 	// refused indexes the records AddBound refused (a subset of pods,
@@ -93,8 +93,8 @@ type Cache struct {
 	roomChanges atomic.Uint64
 
 	// shapes numbers the request shapes (allocator.Request.Key) seen, so
-	// the per-node memo is keyed by a small integer: hashing a shape's
-	// string on every node for every pod showed in a 1,000-node profile.
+	// the per-node memo is keyed by a small integer rather than by a
+	// shape's string, hashed on every node for every pod.
 	shapesMu sync.RWMutex
 	shapes   map[string]Shape
 

@@ -17,9 +17,8 @@ import (
 // can never hold the shape — no MPS-capable GPU for an MPS slice, none large
 // enough, fewer GPUs than asked, no GPU of the models allowed — is left out,
 // so the framework does not visit it: on a cluster of MPS and time-sliced
-// nodes, a slice pinned to one mode visited every node of the other on each
-// attempt, the largest difference in work between a Tessera pod's cycle and
-// a plain one's at 1,000 nodes.
+// nodes, a slice pinned to one mode would visit every node of the other on
+// each attempt.
 type CandidateSet struct {
 	// epoch is the cache's inventory epoch the set was built at.
 	epoch uint64

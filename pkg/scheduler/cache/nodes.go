@@ -35,11 +35,10 @@ type nodeState struct {
 	// same shape re-place on that node only. The allocator is
 	// deterministic, so a memoized answer is the answer. It is a small
 	// array in the node's state, one way per shape modulo memoWays (a
-	// clash only costs a placement): a map per node cost two more cache
-	// misses on every Filter call, which showed at 5,000 nodes. An entry
-	// is replaced whole, never changed, so Filter reads it without the
-	// node's lock (which, with reading node.Version, was 1.8 CPU-s of a
-	// 5,000-node churn round's 161.5).
+	// clash only costs a placement): a map per node would cost two more
+	// cache misses on every Filter call. An entry is replaced whole, never
+	// changed, so Filter reads it without the node's lock, which every
+	// Filter call would otherwise take.
 	memo [memoWays]atomic.Pointer[memoEntry]
 	// reclaimed is the inventory's list of victims the agent verified gone.
 	reclaimed map[string]bool
@@ -280,8 +279,7 @@ func (c *Cache) carryLocked(s *nodeState, node *v1.Node) {
 // Score, and a map assignment stores the key it is given even where the key
 // was there (Go's runtime updates a string key's bytes on assignment, for
 // this reason among others): a lookup then compares the key by pointer, not
-// by reading both copies of it, which at 5,000 nodes was a cache miss on
-// every call.
+// by reading both copies of it, a cache miss saved on every call.
 func (c *Cache) putNodeLocked(name string, s *nodeState) {
 	if old, ok := c.nodes[name]; ok && old != s {
 		c.carryLocked(old, nil) // the name's new state takes its place
