@@ -28,21 +28,28 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
 )
 
-// prometheusBinary is Prometheus' server as `make test` builds it from Go
-// modules (bin/prometheus, the version hack/tools pins), or $TESSERA_PROMETHEUS.
-func prometheusBinary(t *testing.T) string {
+// toolBinary is the program name as `make test` builds it from Go modules
+// into bin/ (make target bin/name), or the one $env names; a test without
+// it is skipped, saying how to build it.
+func toolBinary(t *testing.T, name, env string) string {
 	t.Helper()
-	if p := os.Getenv("TESSERA_PROMETHEUS"); p != "" {
+	if p := os.Getenv(env); p != "" {
 		return p
 	}
-	p, err := filepath.Abs(filepath.Join("..", "..", "bin", "prometheus"))
+	p, err := filepath.Abs(filepath.Join("..", "..", "bin", name))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(p); err != nil {
-		t.Skipf("no Prometheus server at %s: `make test` (or `make bin/prometheus`) builds it from Go modules", p)
+		t.Skipf("no %s at %s: `make test` (or `make bin/%s`) builds it from Go modules", name, p, name)
 	}
 	return p
+}
+
+// prometheusBinary is Prometheus' server at the version hack/tools pins.
+func prometheusBinary(t *testing.T) string {
+	t.Helper()
+	return toolBinary(t, "prometheus", "TESSERA_PROMETHEUS")
 }
 
 // prometheus is a real Prometheus server the test started, with the
@@ -332,22 +339,11 @@ func TestAlertsFireInARealPrometheus(t *testing.T) {
 	raised("TesseraOrphanedGPUPods", nil)
 }
 
-// kubeStateMetricsBinary is kube-state-metrics as `make test` builds it
-// from Go modules (bin/kube-state-metrics, the version
-// hack/tools/kube-state-metrics pins), or $TESSERA_KUBE_STATE_METRICS.
+// kubeStateMetricsBinary is kube-state-metrics at the version
+// hack/tools/kube-state-metrics pins.
 func kubeStateMetricsBinary(t *testing.T) string {
 	t.Helper()
-	if p := os.Getenv("TESSERA_KUBE_STATE_METRICS"); p != "" {
-		return p
-	}
-	p, err := filepath.Abs(filepath.Join("..", "..", "bin", "kube-state-metrics"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(p); err != nil {
-		t.Skipf("no kube-state-metrics at %s: `make test` (or `make bin/kube-state-metrics`) builds it from Go modules", p)
-	}
-	return p
+	return toolBinary(t, "kube-state-metrics", "TESSERA_KUBE_STATE_METRICS")
 }
 
 // shortened is the shipped rule file with each of the bounds in short
