@@ -110,7 +110,32 @@ func runningAfter(t *testing.T, client kubernetes.Interface, ns, name string, si
 	return time.Since(since)
 }
 
-// stillPending checks a pod stays unbound for d.
+// triedAndWaiting waits, up to bound, until the scheduler has tried the
+// pod and left it waiting (its PodScheduled condition False, reason
+// Unschedulable), and fails if the pod was placed meanwhile: the event that
+// a negative check waits for, rather than a fixed while.
+func triedAndWaiting(t *testing.T, client kubernetes.Interface, ns, name string, bound time.Duration) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, bound, true, func(context.Context) (bool, error) {
+		p := get(t, client, ns, name)
+		if p == nil || p.Spec.NodeName != "" {
+			t.Fatalf("%s was placed (or vanished); it must wait", name)
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse && c.Reason == v1.PodReasonUnschedulable {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("%s: the scheduler did not report it waiting within %v", name, bound)
+	}
+}
+
+// stillPending checks a pod stays unbound for d: for what must last longer
+// than a known period (a GPU held out of service past its quiet period),
+// where no event marks the time.
 func stillPending(t *testing.T, client kubernetes.Interface, ns, name string, d time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(d)
@@ -440,11 +465,10 @@ func TestPreemptionRespectsPolicyAndBudgets(t *testing.T) {
 	create(t, c.Client, big)
 	// Equal priority to the one below is never evicted: a 0-priority pod.
 	create(t, c.Client, wholeGPU(ns, "peer", "", nil))
-	stillPending(t, c.Client, ns, "polite", 2*time.Second)
-	for _, n := range []string{"too-big", "peer"} {
-		if p := get(t, c.Client, ns, n); p.Spec.NodeName != "" {
-			t.Errorf("%s placed", n)
-		}
+	// Each was tried and left waiting, too-big's preemption found
+	// impossible, before anything below is looked at.
+	for _, n := range []string{"polite", "too-big", "peer"} {
+		triedAndWaiting(t, c.Client, ns, n, 30*time.Second)
 	}
 	if p := get(t, c.Client, ns, "low"); preemption.IsVictim(p) {
 		t.Fatalf("low was notified: %v", p.Annotations)
@@ -454,7 +478,7 @@ func TestPreemptionRespectsPolicyAndBudgets(t *testing.T) {
 	}
 
 	create(t, c.Client, wholeGPU(ns, "critical", "gpu-critical", nil))
-	stillPending(t, c.Client, ns, "critical", 2*time.Second)
+	triedAndWaiting(t, c.Client, ns, "critical", 30*time.Second)
 	if p := get(t, c.Client, ns, "low"); preemption.IsVictim(p) {
 		t.Fatal("low was notified despite its budget")
 	}
@@ -523,7 +547,7 @@ func TestTwoPreemptorsRaceForOneGPU(t *testing.T) {
 	if err != nil {
 		t.Fatal("neither preemptor runs")
 	}
-	stillPending(t, c.Client, ns, loser, 2*time.Second)
+	triedAndWaiting(t, c.Client, ns, loser, 30*time.Second)
 	t.Logf("%s won; %s waits", winner, loser)
 	if n := strings.Count(strings.Join(events(t, c.Client, ns, "low"), ","), "PreemptionNotice"); n != 1 {
 		t.Errorf("low got %d notices, want 1", n)
