@@ -306,11 +306,47 @@ func (p *Plugin) PreStartContainer(ctx context.Context, req *pluginapi.PreStartC
 		logger.Error(err, "Refusing GPU slots")
 		return nil, err
 	}
-	if err := WriteSpec(p.cdiDir, req.DevicesIds, e); err != nil {
-		return nil, fmt.Errorf("write CDI spec for pod %s/%s container %s: %w", ns, name, container, err)
+	if err := p.writeForHolder(ctx, req.DevicesIds, e, ns, name, container); err != nil {
+		logger.Error(err, "Not writing the slots' CDI spec")
+		return nil, err
 	}
 	logger.V(2).Info("GPU slots prepared", "slots", req.DevicesIds, "env", e.Env, "isolation", isolationValue(e.Guarantees))
 	return &pluginapi.PreStartContainerResponse{}, nil
+}
+
+// specWrites serializes, per spec file, the last look at a slot's holder
+// and the write of the slot's spec, across every plugin of the process: a
+// PreStartContainer still running when its container lost the slot (the
+// pod deleted, kubelet or the agent restarted, the slot handed to another
+// pod) must not overwrite the spec its next holder's call wrote (the soak,
+// under load, saw a running container's slot show another pod's GPU).
+var specWrites sync.Map // spec path → *sync.Mutex
+
+// writeForHolder writes the slots' spec if ns/name/container still holds
+// them, as kubelet says now, under the slots' locks.
+func (p *Plugin) writeForHolder(ctx context.Context, slots []string, e Edits, ns, name, container string) error {
+	paths := make([]string, len(slots))
+	for i, slot := range slots {
+		paths[i] = SpecPath(p.cdiDir, slot)
+	}
+	slices.Sort(paths) // one order for every caller: no deadlock
+	for _, path := range slices.Compact(paths) {
+		mu, _ := specWrites.LoadOrStore(path, &sync.Mutex{})
+		mu.(*sync.Mutex).Lock()
+		defer mu.(*sync.Mutex).Unlock()
+	}
+	nsNow, nameNow, containerNow, err := p.holder.HolderOf(ctx, ResourceName, slots)
+	if err != nil {
+		return fmt.Errorf("which container holds %s %v now: %w", ResourceName, slots, err)
+	}
+	if nsNow != ns || nameNow != name || containerNow != container {
+		return fmt.Errorf("slots %v passed from pod %s/%s container %s to pod %s/%s container %s while their spec was prepared; the new holder's call writes it",
+			slots, ns, name, container, nsNow, nameNow, containerNow)
+	}
+	if err := WriteSpec(p.cdiDir, slots, e); err != nil {
+		return fmt.Errorf("write CDI spec for pod %s/%s container %s: %w", ns, name, container, err)
+	}
+	return nil
 }
 
 func (p *Plugin) editsFor(ctx context.Context, ns, name, container string, slots int) (Edits, error) {
