@@ -30,7 +30,9 @@ func (h *handover) HolderOf(context.Context, string, []string) (string, string, 
 	return "ns", "p01", "main", nil
 }
 
-func (h *handover) Held(context.Context, string) (map[string]bool, error) { return map[string]bool{}, nil }
+func (h *handover) Held(context.Context, string) (map[string]bool, error) {
+	return map[string]bool{}, nil
+}
 
 // TestPreStartWritesForTheHolderOnly: a PreStartContainer whose container
 // lost its slot while the call ran writes no spec (it would overwrite the
