@@ -254,7 +254,7 @@ func New(opts Options) (*Agent, error) {
 				note := cause.Error()
 				// Who did it, as far as the agent can tell: the pods that
 				// had this GPU's pipe directory.
-				if clients := a.mpsClients(uuid); len(clients) > 0 {
+				if clients := a.enforcer.MPSClients(uuid); len(clients) > 0 {
 					note += "; the GPU's MPS clients then: " + strings.Join(clients, ", ")
 				}
 				a.event(context.Background(), time.Now(), v1.EventTypeWarning, "MPSDaemonRestarted", "RestartMPS", note)
@@ -473,14 +473,6 @@ func (a *Agent) Inventory(now time.Time) *gpu.NodeInventory {
 	}
 	inv.Reclaimed = a.preempt.Reclaimed()
 	return inv
-}
-
-// mpsClients lists the pods of this node that are MPS clients of the GPU.
-func (a *Agent) mpsClients(uuid string) []string {
-	if a.opts.NodePods == nil {
-		return nil
-	}
-	return isolation.MPSClientsOf(a.opts.NodePods(), uuid)
 }
 
 // publishedGPUs is the inventory last published (its GPUs, not CPU and

@@ -2,6 +2,8 @@ package doctor
 
 import (
 	"context"
+	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -17,6 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/version"
 	fakediscovery "k8s.io/client-go/discovery/fake"
 	"k8s.io/client-go/kubernetes/fake"
+	restclient "k8s.io/client-go/rest"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/pkg/agentendpoint"
@@ -240,6 +244,11 @@ scheduler_scheduling_attempt_duration_seconds_count{result="scheduled"} 100
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			client := fake.NewClientset(tt.objs(t)...)
+			// The agents' pods answer no scrape here (their metrics are
+			// given by URL where a case needs them).
+			client.PrependProxyReactor("pods", func(k8stesting.Action) (bool, restclient.ResponseWrapper, error) {
+				return true, noScrape{}, nil
+			})
 			client.Discovery().(*fakediscovery.FakeDiscovery).FakedServerVersion = &version.Info{GitVersion: "v1.37.2"}
 			if tt.version != "" {
 				client.Discovery().(*fakediscovery.FakeDiscovery).FakedServerVersion = &version.Info{GitVersion: tt.version}
@@ -295,4 +304,15 @@ h_count 100
 	if _, _, ok := histogramQuantile(nil, 0.99); ok {
 		t.Error("a missing histogram has a quantile")
 	}
+}
+
+// noScrape is a pod proxy that answers no request.
+type noScrape struct{}
+
+func (noScrape) DoRaw(context.Context) ([]byte, error) {
+	return nil, errors.New("no agent serves metrics in this test")
+}
+
+func (noScrape) Stream(context.Context) (io.ReadCloser, error) {
+	return nil, errors.New("no agent serves metrics in this test")
 }

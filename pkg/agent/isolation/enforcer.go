@@ -113,8 +113,9 @@ func (e *Enforcer) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{collector{e}, e.mpsLimitChanges}
 }
 
-// mpsClients lists the pods of this node that are MPS clients of the GPU.
-func (e *Enforcer) mpsClients(uuid string) []string {
+// MPSClients lists the pods of this node that are MPS clients of the GPU
+// (the agent names them when it restarts the GPU's daemon).
+func (e *Enforcer) MPSClients(uuid string) []string {
 	if e.cfg.NodePods == nil {
 		return nil
 	}
@@ -331,7 +332,7 @@ func (e *Enforcer) MPSTampered(uuid string, drift []mps.Drift) {
 	for i, d := range drift {
 		what[i] = d.String()
 	}
-	clients := e.mpsClients(uuid)
+	clients := e.MPSClients(uuid)
 	klog.Background().Info("MPS limits changed behind the agent; restoring them", "gpu", uuid, "changes", what, "clients", clients)
 	e.mpsLimitChanges.WithLabelValues(e.cfg.Labels(uuid)...).Inc()
 	note := fmt.Sprintf("MPS limits of GPU %s changed by someone other than this node's tessera-agent (%s); restored", uuid, strings.Join(what, "; "))
