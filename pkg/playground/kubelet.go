@@ -372,6 +372,21 @@ func (k *kubelet) PluginConnected(ctx context.Context, resource string, p dpv1be
 	return nil
 }
 
+// pluginServes reports whether a plugin is connected with a healthy slot.
+func (k *kubelet) pluginServes() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.plugin == nil {
+		return false
+	}
+	for _, healthy := range k.devices {
+		if healthy {
+			return true
+		}
+	}
+	return false
+}
+
 // PluginDisconnected forgets the plugin; its slots turn unhealthy, as in
 // kubelet (which keeps them through a grace period for a quick return).
 func (k *kubelet) PluginDisconnected(logger klog.Logger, resource, _ string) {

@@ -503,6 +503,14 @@ func (n *Node) RestartKubelet() error {
 	return n.kubelet.restart()
 }
 
+// DevicePluginServes reports whether the node's kubelet has the agent's
+// device plugin registered with at least one healthy slot: after a kubelet
+// restart, a GPU pod admitted before the plugin registers again is
+// rejected, as a real kubelet rejects it.
+func (n *Node) DevicePluginServes() bool {
+	return n.kubelet.pluginServes()
+}
+
 // StopAgent stops the node's agent alone, as a crashed agent pod would
 // leave the node: kubelet runs on, the agent's heartbeat goes silent.
 func (n *Node) StopAgent() {
