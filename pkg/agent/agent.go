@@ -54,6 +54,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/pkg/agent/adjuster"
@@ -197,10 +198,10 @@ type Agent struct {
 	// (refused.go).
 	refusedMu sync.Mutex
 	refused   map[types.UID]*refusedPod
-	// eventsSeen are the events recorded lately, so a repeat extends its
-	// series (events.go).
-	eventsMu   sync.Mutex
-	eventsSeen map[string]*eventSeries
+	// events and recorder send the agent's events (events.go); nil
+	// without an API server.
+	events   record.EventBroadcaster
+	recorder record.EventRecorderLogger
 	// timeSlices keeps time-shared GPUs at their class (nil where the node
 	// runs MPS or has no time-shared GPU); it is not Enabled where no way
 	// to set one was found, and noTimeSlicer says why.
@@ -216,6 +217,11 @@ type Agent struct {
 func New(opts Options) (*Agent, error) {
 	cfg := opts.Config
 	a := &Agent{opts: opts, health: health.New(cfg.Health.IgnoredXids, cfg.Health.QuietPeriod.Duration), reg: prometheus.NewRegistry(), m: newAgentMetrics()}
+	if opts.Client != nil {
+		// Started before anything else so that no event is lost; Run's
+		// end shuts it down.
+		a.events, a.recorder = newEventRecorder(opts.Client, opts.Node)
+	}
 	adj, err := adjuster.New(cfg.Fragments)
 	if err != nil {
 		return nil, err
@@ -257,7 +263,7 @@ func New(opts Options) (*Agent, error) {
 				if clients := a.enforcer.MPSClients(uuid); len(clients) > 0 {
 					note += "; the GPU's MPS clients then: " + strings.Join(clients, ", ")
 				}
-				a.event(context.Background(), time.Now(), v1.EventTypeWarning, "MPSDaemonRestarted", "RestartMPS", note)
+				a.event(context.Background(), v1.EventTypeWarning, "MPSDaemonRestarted", note)
 			},
 			OnTamper: func(uuid string, drift []mps.Drift) { a.enforcer.MPSTampered(uuid, drift) }})
 	}
@@ -584,7 +590,7 @@ func (a *Agent) watchOwnNode(ctx context.Context) {
 		a.republish = true // even though the GPUs did not change
 		a.mu.Unlock()
 		logger.Info("This node's GPU inventory annotation was changed by someone else; restoring it", "node", a.opts.Node)
-		a.event(ctx, time.Now(), v1.EventTypeWarning, "GPUInventoryRestored", "Republish",
+		a.event(ctx, v1.EventTypeWarning, "GPUInventoryRestored",
 			fmt.Sprintf("annotation %s was changed or removed by someone other than this node's tessera-agent; restored", gpu.AnnotationInventory))
 		if err := a.Refresh(ctx, time.Now()); err != nil {
 			logger.Error(err, "Restoring the GPU inventory failed")
@@ -637,18 +643,12 @@ func (a *Agent) Adjust(ctx context.Context, util map[string]float64, now time.Ti
 		}
 		a.m.sliceChanges.WithLabelValues(a.seriesLabels(dec.GPU, dir)...).Inc()
 		logger.Info("GPU slice count changed", "gpu", dec.GPU, "from", dec.From, "to", dec.To, "forecast", dec.Forecast, "reason", dec.Reason)
-		a.event(ctx, now, v1.EventTypeNormal, string(dec.Reason), "AdjustSlices",
+		a.event(ctx, v1.EventTypeNormal, string(dec.Reason),
 			fmt.Sprintf("GPU %s: %d → %d slices (forecast utilization %.0f%%)", dec.GPU, dec.From, dec.To, 100*dec.Forecast))
 	}
 	if err := a.Refresh(ctx, now); err != nil {
 		logger.Error(err, "Publishing the new slice counts failed; retrying at the next pass")
 	}
-}
-
-// event records an Event on this node, best effort: an agent that cannot
-// write events still serves its GPUs.
-func (a *Agent) event(ctx context.Context, now time.Time, kind, reason, action, note string) {
-	a.eventOn(ctx, now, v1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: a.opts.Node}, kind, reason, action, note)
 }
 
 // reportAssignmentChanges reports each ignored change of a bound pod's
@@ -666,8 +666,7 @@ func (a *Agent) reportAssignmentChanges(ctx context.Context) {
 			}
 			klog.FromContext(ctx).Error(nil, "A bound pod's GPU assignment was "+now+" after binding; the agent keeps the first",
 				"pod", klog.KObj(ch.Pod), "first", ch.First, "now", ch.Now)
-			a.eventOn(ctx, time.Now(), v1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: ch.Pod.Namespace, Name: ch.Pod.Name, UID: ch.Pod.UID},
-				v1.EventTypeWarning, "GPUAssignmentChanged", "Ignore",
+			a.eventOn(ctx, podRef(ch.Pod.Namespace, ch.Pod.Name, ch.Pod.UID), v1.EventTypeWarning, "GPUAssignmentChanged",
 				fmt.Sprintf("annotation %s was %s after the pod was bound; it keeps the GPUs it was first assigned", gpu.AnnotationAssignment, now))
 		}
 	}
@@ -681,7 +680,7 @@ func (a *Agent) Observe(ctx context.Context, ev nvml.Event, now time.Time) {
 	}
 	if a.health.Observe(ev, now, all...) {
 		klog.FromContext(ctx).Info("GPU fault; its slices are out of service", "gpu", ev.UUID, "xid", ev.Xid, "type", ev.Type)
-		a.event(ctx, now, v1.EventTypeWarning, "GPUFault", "Quarantine",
+		a.event(ctx, v1.EventTypeWarning, "GPUFault",
 			fmt.Sprintf("GPU %s out of service: XID %d (event type %d); back after %v without faults", ev.UUID, ev.Xid, ev.Type, a.opts.Config.Health.QuietPeriod.Duration))
 		if err := a.Refresh(ctx, now); err != nil {
 			klog.FromContext(ctx).Error(err, "Publishing the fault failed; retrying at the next pass")
@@ -746,6 +745,9 @@ func (a *Agent) MetricsHandler() http.Handler {
 // when empty: the caller serves MetricsHandler itself).
 func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 	logger := klog.FromContext(ctx)
+	if a.events != nil {
+		defer a.events.Shutdown()
+	}
 	if a.mpsMgr != nil {
 		if err := a.mpsMgr.Start(ctx); err != nil {
 			return fmt.Errorf("MPS: %w", err)

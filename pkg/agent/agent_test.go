@@ -173,9 +173,9 @@ func TestForecastLoadLowersTheSliceCount(t *testing.T) {
 	if got := a.slicesOf(idle); got != cfg.Fragments.MaxSlices {
 		t.Fatalf("idle GPU has %d slices, want %d", got, cfg.Fragments.MaxSlices)
 	}
-	evs, err := client.EventsV1().Events("default").List(ctx, metav1.ListOptions{})
-	if err != nil || len(evs.Items) != 1 || evs.Items[0].Reason != "ForecastAboveThreshold" || evs.Items[0].Regarding.Name != "n1" {
-		t.Fatalf("events %+v, %v; want one ForecastAboveThreshold on node n1", evs, err)
+	one := func(evs []v1.Event) bool { return len(evs) == 1 && eventWith("ForecastAboveThreshold", "n1")(evs) }
+	if evs := waitEvents(t, client, metav1.NamespaceDefault, one); !one(evs) {
+		t.Fatalf("events %+v; want one ForecastAboveThreshold on node n1", evs)
 	}
 	inv := published(t, client)
 	if inv.GPUs[0].Slices != cfg.Fragments.MaxSlices-1 || inv.GPUs[1].Slices != cfg.Fragments.MaxSlices {
@@ -273,9 +273,10 @@ func TestTimeSharedGPUsGetTheirClass(t *testing.T) {
 	if v := gpuSeries(t, b, "tessera_gpu_timeslice_failures_total", uuid1); v < 1 {
 		t.Fatalf("tessera_gpu_timeslice_failures_total = %v", v)
 	}
-	evs, err := client.EventsV1().Events("default").List(ctx, metav1.ListOptions{})
-	if err != nil || len(evs.Items) != 1 || evs.Items[0].Reason != "TimeSliceNotSet" {
-		t.Fatalf("events: %v, %v", evs, err)
+	// One event per pass, not one per GPU.
+	one := func(evs []v1.Event) bool { return len(evs) == 1 && eventWith("TimeSliceNotSet", "n1")(evs) }
+	if evs := waitEvents(t, client, metav1.NamespaceDefault, one); !one(evs) {
+		t.Fatalf("events: %+v; want one TimeSliceNotSet on node n1", evs)
 	}
 	b.applyTimeSlices(ctx, t0.Add(time.Minute))
 	if fail.calls != 16 {
@@ -322,19 +323,17 @@ func TestInventoryIsRestored(t *testing.T) {
 			t.Fatalf("%s: the inventory was not restored: %v", tc.name, err)
 		}
 	}
-	evs, err := client.EventsV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	restored := 0
-	for _, e := range evs.Items {
-		if e.Reason == "GPUInventoryRestored" {
-			restored++
-			if e.Series != nil {
-				restored += int(e.Series.Count) - 1
+	twice := func(evs []v1.Event) bool {
+		restored = 0
+		for _, e := range evs {
+			if e.Reason == "GPUInventoryRestored" {
+				restored += int(e.Count)
 			}
 		}
+		return restored == 2
 	}
+	waitEvents(t, client, metav1.NamespaceDefault, twice)
 	if restored != 2 {
 		t.Errorf("%d GPUInventoryRestored events, want 2", restored)
 	}
@@ -364,8 +363,8 @@ func TestRefusedPodsAreDeletedAfterTheGrace(t *testing.T) {
 		return false, nil, nil
 	})
 	// The informer's list lags: it still has late's first pod at the end.
-	a := &Agent{m: newAgentMetrics(), opts: Options{Node: "n8", Client: client, RefusedGrace: time.Minute, Now: func() time.Time { return now },
-		NodePods: func() []*v1.Pod { return []*v1.Pod{hoarder, late} }}}
+	a := withRecorder(t, &Agent{m: newAgentMetrics(), opts: Options{Node: "n8", Client: client, RefusedGrace: time.Minute, Now: func() time.Time { return now },
+		NodePods: func() []*v1.Pod { return []*v1.Pod{hoarder, late} }}})
 	refusal := errors.New("pod lab/hoarder names spec.schedulerName \"default-scheduler\"")
 	a.preStarted(hoarder, "main", 31, refusal)
 	now = now.Add(30 * time.Second)
@@ -399,53 +398,13 @@ func TestRefusedPodsAreDeletedAfterTheGrace(t *testing.T) {
 	if p, err := client.CoreV1().Pods("lab").Get(context.Background(), "late", metav1.GetOptions{}); err != nil || p.UID != "l2" {
 		t.Errorf("the new pod named late: %v, %v", p, err)
 	}
-	evs, err := client.EventsV1().Events("lab").List(context.Background(), metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
+	evs := waitEvents(t, client, "lab", eventWith("GPUSlotsReleased", "hoarder",
+		"pod lab/hoarder was refused its GPUs for 1m0s, holding 31 slot(s): deleted to free them"))
+	if !eventWith("GPUSlotsReleased", "hoarder")(evs) {
+		t.Errorf("no GPUSlotsReleased event on the hoarder (events %v)", evs)
 	}
-	released := ""
-	for _, e := range evs.Items {
-		if e.Reason == "GPUSlotsReleased" && e.Regarding.Name == "hoarder" {
-			released = e.Note
-		}
-		if e.Reason == "GPUSlotsReleased" && e.Regarding.Name == "late" {
-			t.Errorf("a release reported for late, whose name is another pod's now: %s", e.Note)
-		}
-	}
-	if !strings.Contains(released, "pod lab/hoarder was refused its GPUs for 1m0s, holding 31 slot(s): deleted to free them") {
-		t.Errorf("no GPUSlotsReleased event on the hoarder (events %v)", evs.Items)
-	}
-}
-
-// TestRepeatedEventsAggregate: the same event again (a retry every minute)
-// extends the first one's series instead of adding one event per retry
-// (issue 15); another note is another event.
-func TestRepeatedEventsAggregate(t *testing.T) {
-	client := newNode()
-	a := &Agent{m: newAgentMetrics(), opts: Options{Node: "n1", Client: client}}
-	ctx, t0 := context.Background(), time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
-	for i := range 3 {
-		a.event(ctx, t0.Add(time.Duration(i)*time.Minute), v1.EventTypeWarning, "TimeSliceNotSet", "SetTimeSlice", "nvidia-smi failed: exit 9")
-	}
-	a.event(ctx, t0.Add(3*time.Minute), v1.EventTypeWarning, "TimeSliceNotSet", "SetTimeSlice", "nvidia-smi failed: exit 3")
-	evs, err := client.EventsV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(evs.Items) != 2 {
-		t.Fatalf("%d events, want 2 (one series of 3, one single)", len(evs.Items))
-	}
-	for _, e := range evs.Items {
-		switch e.Note {
-		case "nvidia-smi failed: exit 9":
-			if e.Series == nil || e.Series.Count != 3 || !e.Series.LastObservedTime.Time.Equal(t0.Add(2*time.Minute)) {
-				t.Errorf("series %+v, want count 3 last seen at +2m", e.Series)
-			}
-		case "nvidia-smi failed: exit 3":
-			if e.Series != nil {
-				t.Errorf("a single event has a series %+v", e.Series)
-			}
-		}
+	if eventWith("GPUSlotsReleased", "late")(evs) {
+		t.Errorf("a release reported for late, whose name is another pod's now: %v", evs)
 	}
 }
 
@@ -457,7 +416,7 @@ func TestRepeatedEventsAggregate(t *testing.T) {
 func TestRefusedPodsAreReported(t *testing.T) {
 	client := newNode()
 	var onNode []*v1.Pod
-	a := &Agent{m: newAgentMetrics(), opts: Options{Node: "n9", Client: client, NodePods: func() []*v1.Pod { return onNode }}}
+	a := withRecorder(t, &Agent{m: newAgentMetrics(), opts: Options{Node: "n9", Client: client, NodePods: func() []*v1.Pod { return onNode }}})
 	rogue := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "rogue", UID: "r1"}}
 	flaky := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "flaky", UID: "f1"}}
 	onNode = []*v1.Pod{rogue, flaky}
@@ -477,24 +436,18 @@ func TestRefusedPodsAreReported(t *testing.T) {
 	if got := held(); got != 0 {
 		t.Fatalf("after rogue left: %v, want 0", got)
 	}
-	reasons := map[string]string{}
-	for _, ns := range []string{"lab", metav1.NamespaceDefault} {
-		evs, err := client.EventsV1().Events(ns).List(context.Background(), metav1.ListOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range evs.Items {
-			if len(e.Note) > 1024 {
-				t.Errorf("%s: a %d-byte note, over the API server's 1 KiB", e.Reason, len(e.Note))
-			}
-			reasons[e.Reason+"/"+e.Regarding.Name] += e.Note + "\n"
+	onPod := waitEvents(t, client, "lab", eventWith("GPUSlotsRefused", "rogue", "holds 2 slot(s) of this node until the pod is deleted"))
+	onNode9 := waitEvents(t, client, metav1.NamespaceDefault, eventWith("GPUSlotsHeld", "n9", "pod lab/rogue holds 2 GPU slot(s)"))
+	for _, e := range append(onPod, onNode9...) {
+		if len(e.Message) > maxNote {
+			t.Errorf("%s: a %d-byte note, over the API server's 1 KiB", e.Reason, len(e.Message))
 		}
 	}
-	if n := reasons["GPUSlotsRefused/rogue"]; !strings.Contains(n, "holds 2 slot(s) of this node until the pod is deleted") {
-		t.Errorf("pod event %q", n)
+	if !eventWith("GPUSlotsRefused", "rogue", "holds 2 slot(s) of this node until the pod is deleted")(onPod) {
+		t.Errorf("pod events %v", onPod)
 	}
-	if n := reasons["GPUSlotsHeld/n9"]; !strings.Contains(n, "pod lab/rogue holds 2 GPU slot(s)") {
-		t.Errorf("node event %q (events %v)", n, reasons)
+	if !eventWith("GPUSlotsHeld", "n9", "pod lab/rogue holds 2 GPU slot(s)")(onNode9) {
+		t.Errorf("node events %v", onNode9)
 	}
 }
 

@@ -64,7 +64,7 @@ func (a *Agent) reportDoctor(ctx context.Context) {
 		}
 	}
 	if len(errs) > 0 {
-		a.event(ctx, time.Now(), v1.EventTypeWarning, "NodeCheckFailed", "Doctor",
+		a.event(ctx, v1.EventTypeWarning, "NodeCheckFailed",
 			fmt.Sprintf("tessera doctor found %d error(s) on this node: %s; the agent's log (or GET /doctor on its metrics port) has the evidence and remedies", len(errs), strings.Join(errs, ", ")))
 	}
 }

@@ -72,18 +72,9 @@ func TestDoctorFromTheAgent(t *testing.T) {
 		t.Error("the toolkit was judged from inside the agent's container")
 	}
 	a.reportDoctor(context.Background())
-	evs, err := client.EventsV1().Events("default").List(context.Background(), metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	found := false
-	for _, e := range evs.Items {
-		if e.Reason == "NodeCheckFailed" && strings.Contains(e.Note, "kubelet.device-plugins") {
-			found = true
-		}
-	}
-	if !found {
-		t.Errorf("no NodeCheckFailed event naming kubelet.device-plugins: %+v", evs.Items)
+	evs := waitEvents(t, client, metav1.NamespaceDefault, eventWith("NodeCheckFailed", a.opts.Node, "kubelet.device-plugins"))
+	if !eventWith("NodeCheckFailed", a.opts.Node, "kubelet.device-plugins")(evs) {
+		t.Errorf("no NodeCheckFailed event naming kubelet.device-plugins: %+v", evs)
 	}
 }
 

@@ -2,91 +2,68 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"time"
 	"unicode/utf8"
 
 	v1 "k8s.io/api/core/v1"
-	eventsv1 "k8s.io/api/events/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 )
 
-// seriesWindow is how long a repeated event extends its series instead of
-// starting a new event (the API server keeps events an hour by default).
-const seriesWindow = 30 * time.Minute
+// EventComponent is the source the agent's events name.
+const EventComponent = "tessera-agent"
 
-// maxNote is the longest note events.k8s.io takes.
+// maxNote is the longest note events.k8s.io takes; a longer one is cut, not
+// refused.
 const maxNote = 1024
 
-// eventSeries is one event the agent recorded and how often it recurred.
-type eventSeries struct {
-	name, namespace string
-	count           int32
-	first           time.Time
+// newEventRecorder records events through client-go's recorder, as kubelet
+// records its node's: an identical event again (same object, reason and
+// note) raises the first one's count instead of adding an event per retry;
+// more than ten similar ones within ten minutes are combined; one object's
+// events are held to a burst of 25, then one per five minutes. The
+// broadcaster's Shutdown stops the sending goroutine.
+func newEventRecorder(client kubernetes.Interface, node string, opts ...record.BroadcasterOption) (record.EventBroadcaster, record.EventRecorderLogger) {
+	b := record.NewBroadcaster(opts...)
+	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	return b, b.NewRecorder(scheme.Scheme, v1.EventSource{Component: EventComponent, Host: node})
 }
 
 // eventOn records an event about regarding (a Node, or a Pod in its
-// namespace). The same event again — same object, reason and note — within
-// seriesWindow extends the first one's series (count, last time) instead of
-// adding an event per retry, as client-go's recorder aggregates.
-func (a *Agent) eventOn(ctx context.Context, now time.Time, regarding v1.ObjectReference, kind, reason, action, note string) {
-	logger := klog.FromContext(ctx)
-	if len(note) > maxNote {
-		// The API server refuses a longer note.
-		note = note[:maxNote-len("…")] + "…"
-		for !utf8.ValidString(note) {
-			note = note[:len(note)-len("…")-1] + "…"
-		}
-	}
-	ns := regarding.Namespace
-	if ns == "" {
-		ns = metav1.NamespaceDefault
-	}
-	key := fmt.Sprintf("%s/%s/%s/%s\x00%s\x00%s", regarding.Kind, ns, regarding.Name, regarding.UID, reason, note)
-	a.eventsMu.Lock()
-	if a.eventsSeen == nil {
-		a.eventsSeen = map[string]*eventSeries{}
-	}
-	for k, s := range a.eventsSeen {
-		if now.Sub(s.first) >= seriesWindow {
-			delete(a.eventsSeen, k)
-		}
-	}
-	s := a.eventsSeen[key]
-	if s != nil {
-		s.count++
-	}
-	a.eventsMu.Unlock()
-	if s != nil {
-		patch, _ := json.Marshal(map[string]any{"series": eventsv1.EventSeries{Count: s.count, LastObservedTime: metav1.NewMicroTime(now)}})
-		_, err := a.opts.Client.EventsV1().Events(s.namespace).Patch(ctx, s.name, types.MergePatchType, patch, metav1.PatchOptions{})
-		if err == nil {
-			return
-		}
-		logger.V(2).Info("Could not extend an event's series; recording it anew", "reason", reason, "err", err)
-	}
-	ev := &eventsv1.Event{
-		// Named as client-go's recorder names events: a generateName of
-		// "<name>." is refused by the API server (a DNS subdomain cannot
-		// end in a dot), so no event was ever recorded.
-		ObjectMeta:          metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", regarding.Name, now.UnixNano()), Namespace: ns},
-		EventTime:           metav1.NewMicroTime(now),
-		ReportingController: "tessera.dev/agent",
-		ReportingInstance:   "tessera-agent-" + a.opts.Node,
-		Action:              action,
-		Reason:              reason,
-		Regarding:           regarding,
-		Note:                note,
-		Type:                kind,
-	}
-	if _, err := a.opts.Client.EventsV1().Events(ns).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
-		logger.Error(err, "Could not record an event", "reason", reason, "regarding", klog.KRef(ns, regarding.Name))
+// namespace), best effort: an agent that cannot write events still serves
+// its GPUs.
+func (a *Agent) eventOn(ctx context.Context, regarding *v1.ObjectReference, eventType, reason, note string) {
+	if a.recorder == nil {
+		// An agent without an API server (New without a client).
+		klog.FromContext(ctx).Info("Event", "type", eventType, "reason", reason, "note", note)
 		return
 	}
-	a.eventsMu.Lock()
-	a.eventsSeen[key] = &eventSeries{name: ev.Name, namespace: ns, count: 1, first: now}
-	a.eventsMu.Unlock()
+	a.recorder.WithLogger(klog.FromContext(ctx)).Event(regarding, eventType, reason, cutNote(note))
+}
+
+// event records an event on this node.
+func (a *Agent) event(ctx context.Context, eventType, reason, note string) {
+	// Kubelet's reference to its node: the UID is the node's name.
+	a.eventOn(ctx, &v1.ObjectReference{Kind: "Node", Name: a.opts.Node, UID: types.UID(a.opts.Node)}, eventType, reason, note)
+}
+
+// podRef is the reference of a pod's events.
+func podRef(namespace, name string, uid types.UID) *v1.ObjectReference {
+	return &v1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: namespace, Name: name, UID: uid}
+}
+
+// cutNote cuts a note longer than maxNote at a rune boundary, marking the
+// cut.
+func cutNote(note string) string {
+	if len(note) <= maxNote {
+		return note
+	}
+	note = note[:maxNote-len("…")]
+	for !utf8.ValidString(note) {
+		note = note[:len(note)-1]
+	}
+	return note + "…"
 }

@@ -392,14 +392,10 @@ func TestMPSGuaranteesFollowConnectTime(t *testing.T) {
 	if g := now("late-4"); g != cooperating {
 		t.Errorf("late-4 after its GPU's limits were found lifted: %v, want %v", g, cooperating)
 	}
-	evs, err := a.opts.Client.EventsV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	note := ""
-	for _, e := range evs.Items {
+	for _, e := range waitEvents(t, a.opts.Client, metav1.NamespaceDefault, eventWith("MPSLimitsRestored", a.opts.Node)) {
 		if e.Reason == "MPSLimitsRestored" {
-			note = e.Note
+			note = e.Message
 		}
 	}
 	for _, want := range []string{"MPS limits of GPU " + uuid + " changed by someone other than this node's tessera-agent",

@@ -77,22 +77,17 @@ func TestFirstAssignmentCounts(t *testing.T) {
 	}
 
 	// The agent reports each change: an event on the pod and the counter.
-	a := &Agent{m: newAgentMetrics(), opts: Options{Node: "n1", Client: client, AssignmentChanges: np.Changes}}
+	a := withRecorder(t, &Agent{m: newAgentMetrics(), opts: Options{Node: "n1", Client: client, AssignmentChanges: np.Changes}})
 	changes := make(chan AssignmentChange, 1)
 	a.opts.AssignmentChanges = changes
 	before := testutil.ToFloat64(a.m.assignmentChanges.WithLabelValues("n1"))
 	go a.reportAssignmentChanges(ctx)
 	changes <- AssignmentChange{Pod: pod, First: first, Now: moved}
-	err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 5*time.Second, true, func(ctx context.Context) (bool, error) {
-		evs, err := client.EventsV1().Events("lab").List(ctx, metav1.ListOptions{})
-		if err != nil || len(evs.Items) == 0 {
-			return false, nil
-		}
-		e := evs.Items[0]
-		return e.Reason == "GPUAssignmentChanged" && e.Regarding.Name == "train" && e.Type == v1.EventTypeWarning, nil
-	})
-	if err != nil {
-		t.Fatal("no GPUAssignmentChanged event on the pod")
+	isWarning := func(evs []v1.Event) bool {
+		return eventWith("GPUAssignmentChanged", "train")(evs) && evs[0].Type == v1.EventTypeWarning
+	}
+	if !isWarning(waitEvents(t, client, "lab", isWarning)) {
+		t.Fatal("no GPUAssignmentChanged warning on the pod")
 	}
 	if got := testutil.ToFloat64(a.m.assignmentChanges.WithLabelValues("n1")) - before; got != 1 {
 		t.Errorf("tessera_agent_assignment_changes_total rose by %v, want 1", got)

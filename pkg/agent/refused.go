@@ -78,12 +78,11 @@ func (a *Agent) preStarted(pod *v1.Pod, container string, slots int, err error) 
 	if err == nil {
 		return
 	}
-	ctx, now := context.Background(), time.Now()
-	a.eventOn(ctx, now, v1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID},
-		v1.EventTypeWarning, "GPUSlotsRefused", "Refuse",
+	ctx := context.Background()
+	a.eventOn(ctx, podRef(pod.Namespace, pod.Name, pod.UID), v1.EventTypeWarning, "GPUSlotsRefused",
 		fmt.Sprintf("container %s is refused its GPUs and holds %d slot(s) of this node until the pod is deleted (by the agent %s after the first refusal): %v",
 			container, slots, a.refusedGrace(), err))
-	a.event(ctx, now, v1.EventTypeWarning, "GPUSlotsHeld", "Refuse",
+	a.event(ctx, v1.EventTypeWarning, "GPUSlotsHeld",
 		fmt.Sprintf("pod %s/%s holds %d GPU slot(s) that kubelet gives to no other pod until it is deleted: its GPUs were refused", pod.Namespace, pod.Name, slots))
 }
 
@@ -153,11 +152,9 @@ func (a *Agent) releaseRefused(ctx context.Context, uid types.UID, r refusedPod)
 		return
 	}
 	logger.Info("Deleted a pod refused its GPUs past the grace; its slots are free", "pod", klog.KRef(r.namespace, r.name), "slots", held, "grace", a.refusedGrace())
-	now := time.Now()
 	msg := fmt.Sprintf("pod %s/%s was refused its GPUs for %s, holding %d slot(s): deleted to free them", r.namespace, r.name, a.refusedGrace(), held)
-	a.eventOn(ctx, now, v1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: r.namespace, Name: r.name, UID: uid},
-		v1.EventTypeWarning, "GPUSlotsReleased", "Delete", msg)
-	a.event(ctx, now, v1.EventTypeWarning, "GPUSlotsReleased", "Delete", msg)
+	a.eventOn(ctx, podRef(r.namespace, r.name, uid), v1.EventTypeWarning, "GPUSlotsReleased", msg)
+	a.event(ctx, v1.EventTypeWarning, "GPUSlotsReleased", msg)
 	forget()
 }
 

@@ -66,7 +66,7 @@ type Config struct {
 	// Labels gives a GPU's series label values, then extra.
 	Labels func(uuid string, extra ...string) []string
 	// Event records a node event.
-	Event func(ctx context.Context, now time.Time, eventType, reason, action, note string)
+	Event func(ctx context.Context, eventType, reason, note string)
 	// Publish publishes the node's inventory again (new offers).
 	Publish func(ctx context.Context) error
 }
@@ -217,7 +217,7 @@ func (e *Enforcer) Probe(ctx context.Context) {
 		if err != nil {
 			logger.Error(err, "NVIDIA's CDI generator failed: containers get their GPUs through NVIDIA_VISIBLE_DEVICES and the runtime's hook alone",
 				"driverRoot", e.cfg.DriverRoot)
-			e.cfg.Event(ctx, time.Now(), v1.EventTypeWarning, "DriverEditsUnavailable", "GenerateCDI",
+			e.cfg.Event(ctx, v1.EventTypeWarning, "DriverEditsUnavailable",
 				fmt.Sprintf("the driver's CDI edits could not be generated under %s, so GPU containers rest on NVIDIA_VISIBLE_DEVICES: %v", e.cfg.DriverRoot, err))
 		} else {
 			st.edits = edits
@@ -339,7 +339,7 @@ func (e *Enforcer) MPSTampered(uuid string, drift []mps.Drift) {
 	if len(clients) > 0 {
 		note += "; the GPU's MPS clients then: " + strings.Join(clients, ", ")
 	}
-	e.cfg.Event(ctx, time.Now(), v1.EventTypeWarning, "MPSLimitsRestored", "RestoreMPSLimits", note)
+	e.cfg.Event(ctx, v1.EventTypeWarning, "MPSLimitsRestored", note)
 	e.mu.Lock()
 	affected := map[types.UID]bool{}
 	for uid, byGPU := range e.mpsConnected {

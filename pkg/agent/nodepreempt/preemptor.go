@@ -54,7 +54,7 @@ type Config struct {
 	// leftover process lives there (health.Tracker.Fault).
 	Quarantine func(uuid string, now time.Time, reason string)
 	// Event records a node event.
-	Event func(ctx context.Context, now time.Time, eventType, reason, action, note string)
+	Event func(ctx context.Context, eventType, reason, note string)
 	// Publish publishes the node's inventory again: the reclaimed list, a
 	// GPU out of service.
 	Publish func(ctx context.Context) error
@@ -397,7 +397,7 @@ func (p *Preemptor) reclaimVictim(ctx context.Context, uid types.UID) {
 				reason := fmt.Sprintf("preempted pod %s/%s left processes %v that could not be killed", v.namespace, v.name, pids)
 				p.cfg.Quarantine(uuid, now, reason)
 				if !wasStuck {
-					p.cfg.Event(ctx, now, v1.EventTypeWarning, "ReclaimFailed", "Quarantine", fmt.Sprintf("GPU %s out of service: %s", uuid, reason))
+					p.cfg.Event(ctx, v1.EventTypeWarning, "ReclaimFailed", fmt.Sprintf("GPU %s out of service: %s", uuid, reason))
 				}
 			}
 			if !wasStuck {

@@ -278,7 +278,7 @@ func newTestPreemptor(t *testing.T, srv gonvml.Interface, procRoot, noticeRoot s
 	cfg := Config{Node: "n1", Client: client, NodePods: pods, NoticeRoot: noticeRoot, Signal: signal,
 		Reclaimer:  &reclaim.Reclaimer{GPUs: c, ProcRoot: procRoot, Kill: func(uint32) error { return nil }, Wait: time.Second, Poll: 10 * time.Millisecond},
 		Quarantine: func(string, time.Time, string) {},
-		Event:      func(context.Context, time.Time, string, string, string, string) {},
+		Event:      func(context.Context, string, string, string) {},
 		Publish:    func(context.Context) error { return nil }}
 	for _, d := range devices {
 		cfg.GPUs = append(cfg.GPUs, d.UUID)

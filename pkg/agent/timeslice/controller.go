@@ -26,7 +26,7 @@ type Controller struct {
 	manager *Manager
 	gpus    []string
 	labels  func(uuid string) []string
-	event   func(ctx context.Context, now time.Time, eventType, reason, action, note string)
+	event   func(ctx context.Context, eventType, reason, note string)
 
 	class    *prometheus.GaugeVec
 	failures *prometheus.CounterVec
@@ -38,7 +38,7 @@ type Controller struct {
 // failure series start at 0 for every GPU, so that increase() sees the
 // first failure.
 func NewController(s Setter, gpus []string, labels func(uuid string) []string,
-	event func(ctx context.Context, now time.Time, eventType, reason, action, note string)) *Controller {
+	event func(ctx context.Context, eventType, reason, note string)) *Controller {
 	c := &Controller{gpus: gpus, labels: labels, event: event,
 		class: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tessera_gpu_timeslice_class",
@@ -102,7 +102,7 @@ func (c *Controller) Apply(ctx context.Context, want map[string]Class, now time.
 	// One event per pass, however many GPUs failed: a driver that refuses
 	// refuses them all.
 	if len(failed) > 0 {
-		c.event(ctx, now, v1.EventTypeWarning, "TimeSliceNotSet", "SetTimeSlice",
+		c.event(ctx, v1.EventTypeWarning, "TimeSliceNotSet",
 			fmt.Sprintf("time-slice class not set on %d GPU(s) (%s …), retrying in %v: %v", len(failed), failed[0], Retry, firstErr))
 	}
 }
