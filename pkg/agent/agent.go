@@ -14,7 +14,7 @@
 //     hold the slots (Holder: kubelet's pod-resources API), reads the pod's
 //     assignment (pkg/podgpu) and checks it against the node's inventory
 //     and what was granted before (deviceplugin/honour.go; the inventory
-//     through Config.Inventory, this package's publishedGPUs).
+//     through Config.Inventory, the publish package's Published).
 //  3. The container's edits (deviceplugin/edits.go), with the driver's
 //     (isolation.Enforcer.DriverEdits, from driverspec), and its limits put
 //     in force (isolation.Enforcer.Isolate: MPS server limits through the
@@ -35,8 +35,6 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"reflect"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -47,13 +45,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	v1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
@@ -64,6 +58,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent/metrics"
 	"github.com/tessera-gpu/tessera/pkg/agent/mps"
 	"github.com/tessera-gpu/tessera/pkg/agent/nodepreempt"
+	"github.com/tessera-gpu/tessera/pkg/agent/publish"
 	"github.com/tessera-gpu/tessera/pkg/agent/reclaim"
 	"github.com/tessera-gpu/tessera/pkg/agent/tenants"
 	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
@@ -173,19 +168,8 @@ type Agent struct {
 	// collectors are what reg holds, for MetricDescs.
 	collectors []prometheus.Collector
 
-	mu        sync.Mutex
-	published *gpu.NodeInventory
-	// publishedRaw is the annotation as last written, which watchOwnNode
-	// restores when anything else changes it (republish).
-	publishedRaw string
-	republish    bool
-	// writeMu is held from an inventory write until its outcome is
-	// recorded, so watchOwnNode never judges the Node by a write still in
-	// flight; ownVersions are the Node's resourceVersions that the agent's
-	// last writes produced (oldest first), so the watch's late news of an
-	// earlier write of its own is not taken for someone else's.
-	writeMu     sync.Mutex
-	ownVersions []string
+	// pub publishes the inventory and keeps it (package publish).
+	pub *publish.Publisher
 	// adj decides each GPU's slice count from its forecast load; adjMu
 	// guards it (the adjuster is not safe for concurrent use) and lastEval.
 	adjMu    sync.Mutex
@@ -292,9 +276,10 @@ func New(opts Options) (*Agent, error) {
 	if opts.NodePods != nil {
 		// Every assignment is checked against this node's GPUs and what
 		// was granted before it, whoever wrote it.
-		dpc.Inventory, dpc.NodePods, dpc.MemoryOversubscription = a.publishedGPUs, opts.NodePods, opts.Config.Allocator.MemoryOversubscription
+		dpc.Inventory, dpc.NodePods, dpc.MemoryOversubscription = func() *gpu.NodeInventory { return a.pub.Published() }, opts.NodePods, opts.Config.Allocator.MemoryOversubscription
 	}
 	a.plugin = deviceplugin.New(dpc)
+	a.pub = publish.New(publish.Config{Node: opts.Node, Client: opts.Client, Build: a.Inventory, SetSlots: a.plugin.SetGPUs, Event: a.event})
 	if a.gpus != nil {
 		var res *tenants.Resolver
 		if opts.NodePods != nil {
@@ -481,126 +466,10 @@ func (a *Agent) Inventory(now time.Time) *gpu.NodeInventory {
 	return inv
 }
 
-// publishedGPUs is the inventory last published (its GPUs, not CPU and
-// memory), or nil before the first.
-func (a *Agent) publishedGPUs() *gpu.NodeInventory {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.published == nil {
-		return nil
-	}
-	inv := *a.published
-	return &inv
-}
-
 // Refresh publishes the inventory and the device plugin's slots when they
 // changed: after a fault, a recovery, or at start.
 func (a *Agent) Refresh(ctx context.Context, now time.Time) error {
-	inv := a.Inventory(now)
-	a.mu.Lock()
-	same := !a.republish && a.published != nil && reflect.DeepEqual(a.published, inv)
-	a.mu.Unlock()
-	if same {
-		return nil
-	}
-	var slots []deviceplugin.GPUSlots
-	for _, g := range inv.GPUs {
-		slots = append(slots, deviceplugin.GPUSlots{UUID: g.UUID, Slices: g.Slices, Healthy: g.Healthy})
-	}
-	a.plugin.SetGPUs(slots)
-	published := *inv // what the next Refresh compares with: GPUs only
-	// CPU and memory come from the Node's allocatable (kubelet's numbers).
-	if n, err := a.opts.Client.CoreV1().Nodes().Get(ctx, a.opts.Node, metav1.GetOptions{}); err == nil {
-		inv.CPUMilli = n.Status.Allocatable.Cpu().MilliValue()
-		inv.MemoryMiB = n.Status.Allocatable.Memory().Value() >> 20
-	}
-	raw, err := gpu.EncodeInventory(inv)
-	if err != nil {
-		return err
-	}
-	a.writeMu.Lock()
-	version, err := inventory.Publish(ctx, a.opts.Client, inv)
-	if err == nil {
-		if version != "" {
-			a.ownVersions = append(a.ownVersions, version)
-		}
-		if len(a.ownVersions) > ownVersionsKept {
-			a.ownVersions = a.ownVersions[len(a.ownVersions)-ownVersionsKept:]
-		}
-		a.mu.Lock()
-		a.published, a.publishedRaw, a.republish = &published, string(raw), false
-		a.mu.Unlock()
-	}
-	a.writeMu.Unlock()
-	if err != nil {
-		return err
-	}
-	klog.FromContext(ctx).Info("Published GPU inventory", "node", a.opts.Node, "gpus", len(inv.GPUs), "unhealthy", a.health.Unhealthy(now))
-	return nil
-}
-
-// ownVersionsKept is how many of its own writes the agent recognizes in the
-// watch: more than the writes that can be in flight between two events.
-const ownVersionsKept = 16
-
-// watchOwnNode restores the node's inventory annotation whenever it differs
-// from what the agent last wrote (overwritten, removed, garbage): the
-// scheduler places GPU pods by it, and a node whose annotation nobody
-// repairs takes none. It republishes at most once a second, so two writers
-// (a second agent by mistake) cannot make it spin.
-func (a *Agent) watchOwnNode(ctx context.Context) {
-	logger := klog.FromContext(ctx)
-	factory := informers.NewSharedInformerFactoryWithOptions(a.opts.Client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", a.opts.Node).String()
-	}))
-	differs := make(chan struct{}, 1)
-	check := func(obj any) {
-		n, ok := obj.(*v1.Node)
-		if !ok || n.Name != a.opts.Node {
-			return
-		}
-		a.writeMu.Lock()
-		own := slices.Contains(a.ownVersions, n.ResourceVersion)
-		a.mu.Lock()
-		want := a.publishedRaw
-		a.mu.Unlock()
-		a.writeMu.Unlock()
-		if got, has := n.Annotations[gpu.AnnotationInventory]; want != "" && !own && (!has || got != want) {
-			select {
-			case differs <- struct{}{}:
-			default:
-			}
-		}
-	}
-	if _, err := factory.Core().V1().Nodes().Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc: check, UpdateFunc: func(_, obj any) { check(obj) },
-	}); err != nil {
-		logger.Error(err, "Not watching this node's inventory annotation")
-		return
-	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-differs:
-		}
-		a.mu.Lock()
-		a.republish = true // even though the GPUs did not change
-		a.mu.Unlock()
-		logger.Info("This node's GPU inventory annotation was changed by someone else; restoring it", "node", a.opts.Node)
-		a.event(ctx, v1.EventTypeWarning, "GPUInventoryRestored",
-			fmt.Sprintf("annotation %s was changed or removed by someone other than this node's tessera-agent; restored", gpu.AnnotationInventory))
-		if err := a.Refresh(ctx, time.Now()); err != nil {
-			logger.Error(err, "Restoring the GPU inventory failed")
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(time.Second):
-		}
-	}
+	return a.pub.Publish(ctx, now)
 }
 
 // Adjust feeds one pass's utilization (0–1 per GPU UUID; NaN or absent for
@@ -781,7 +650,7 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 	if a.opts.AssignmentChanges != nil {
 		go a.reportAssignmentChanges(ctx)
 	}
-	go a.watchOwnNode(ctx)
+	go a.pub.Keep(ctx)
 	if a.opts.Namespace != "" {
 		beat := a.opts.HeartbeatEvery
 		if beat <= 0 {

@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"errors"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
@@ -281,61 +279,6 @@ func TestTimeSharedGPUsGetTheirClass(t *testing.T) {
 	b.applyTimeSlices(ctx, t0.Add(time.Minute))
 	if fail.calls != 16 {
 		t.Fatalf("%d runs after the retry period; want 16", fail.calls)
-	}
-}
-
-// TestInventoryIsRestored: an inventory annotation overwritten with garbage,
-// or removed, by anyone but the agent is written back (issue 15: the node
-// stayed out of service), with a Warning event on the node.
-func TestInventoryIsRestored(t *testing.T) {
-	_, client, a := startedAgent(t, &nvmltest.Reading{SMCount: 132})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if err := a.Refresh(ctx, time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	good := published(t, client)
-	go a.watchOwnNode(ctx)
-	for _, tc := range []struct {
-		name string
-		edit func(n *v1.Node)
-	}{
-		{"garbage", func(n *v1.Node) { n.Annotations[gpu.AnnotationInventory] = `{"v":"v1","gpus":[{"memoryMiB":300000}` }},
-		{"removed", func(n *v1.Node) { delete(n.Annotations, gpu.AnnotationInventory) }},
-	} {
-		n, err := client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		tc.edit(n)
-		if _, err := client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
-			n, err := client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			inv, err := inventory.FromNode(n)
-			return err == nil && inv != nil && reflect.DeepEqual(inv.GPUs, good.GPUs), nil
-		})
-		if err != nil {
-			t.Fatalf("%s: the inventory was not restored: %v", tc.name, err)
-		}
-	}
-	restored := 0
-	twice := func(evs []v1.Event) bool {
-		restored = 0
-		for _, e := range evs {
-			if e.Reason == "GPUInventoryRestored" {
-				restored += int(e.Count)
-			}
-		}
-		return restored == 2
-	}
-	waitEvents(t, client, metav1.NamespaceDefault, twice)
-	if restored != 2 {
-		t.Errorf("%d GPUInventoryRestored events, want 2", restored)
 	}
 }
 
