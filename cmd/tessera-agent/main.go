@@ -30,6 +30,8 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent"
 	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
 	"github.com/tessera-gpu/tessera/pkg/agent/mps"
+	"github.com/tessera-gpu/tessera/pkg/agent/nodepods"
+	"github.com/tessera-gpu/tessera/pkg/agent/refusal"
 	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
 	"github.com/tessera-gpu/tessera/pkg/agentendpoint"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
@@ -78,7 +80,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		namespace    = fs.String("namespace", envOr("POD_NAMESPACE", agentendpoint.Namespace), "the namespace of the agent's heartbeat Lease (default $POD_NAMESPACE, else tessera-system)")
 		hostRoot     = fs.String("host-root", "/", "the host's file system as the agent sees it (its /proc with hostPID, /sys, kubelet's directories): tessera doctor's node checks run there at start and on GET /doctor (empty: off)")
 		cdiHook      = fs.String("cdi-hook", "", "nvidia-cdi-hook on the host (the NVIDIA container toolkit's default, /usr/bin/nvidia-cdi-hook, when empty)")
-		refusedGrace = fs.Duration("refused-grace", agent.DefaultRefusedGrace, "how long a pod refused its GPUs (no Tessera assignment, another scheduler's, or one the node cannot honour) may hold its slots before the agent deletes it")
+		refusedGrace = fs.Duration("refused-grace", refusal.DefaultGrace, "how long a pod refused its GPUs (no Tessera assignment, another scheduler's, or one the node cannot honour) may hold its slots before the agent deletes it")
 	)
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
@@ -113,7 +115,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		return exitUsage
 	}
 	if *refusedGrace <= 0 {
-		fmt.Fprintf(stderr, "tessera-agent: --refused-grace %s: give a positive duration, such as %s\n", *refusedGrace, agent.DefaultRefusedGrace)
+		fmt.Fprintf(stderr, "tessera-agent: --refused-grace %s: give a positive duration, such as %s\n", *refusedGrace, refusal.DefaultGrace)
 		return exitUsage
 	}
 	if *node == "" {
@@ -133,7 +135,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 
 	// This node's pods: their assignments (device plugin), container IDs
 	// (per-tenant metrics) and preemption notices.
-	nodePods := agent.WatchNodePods(client, *node)
+	nodePods := nodepods.Watch(client, *node)
 	conn, err := grpc.NewClient("unix://"+*podResources, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		fmt.Fprintf(stderr, "tessera-agent: pod-resources: %v\n", err)

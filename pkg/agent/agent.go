@@ -21,7 +21,7 @@
 //     mps package, kernel memory limits through memlimit), or the
 //     container refused.
 //  4. The spec written (deviceplugin.WriteSpec), and the answer reported
-//     (Config.PreStarted, this package's refused.go).
+//     (Config.PreStarted, package refusal).
 //
 // Two callbacks of the device plugin reach this package (the inventory and
 // the pre-start report); isolation and the driver's edits are one
@@ -45,7 +45,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
@@ -57,9 +56,11 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent/isolation"
 	"github.com/tessera-gpu/tessera/pkg/agent/metrics"
 	"github.com/tessera-gpu/tessera/pkg/agent/mps"
+	"github.com/tessera-gpu/tessera/pkg/agent/nodepods"
 	"github.com/tessera-gpu/tessera/pkg/agent/nodepreempt"
 	"github.com/tessera-gpu/tessera/pkg/agent/publish"
 	"github.com/tessera-gpu/tessera/pkg/agent/reclaim"
+	"github.com/tessera-gpu/tessera/pkg/agent/refusal"
 	"github.com/tessera-gpu/tessera/pkg/agent/tenants"
 	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
@@ -85,10 +86,10 @@ type Options struct {
 	MPS       bool
 	MPSBinary string
 	MPSRoot   string
-	// AssignmentChanges, from NodePods.Changes, are reported (log, event on
+	// AssignmentChanges, from nodepods.Pods.Changes, are reported (log, event on
 	// the pod, tessera_agent_assignment_changes_total); the change itself
 	// was already undone.
-	AssignmentChanges <-chan AssignmentChange
+	AssignmentChanges <-chan nodepods.AssignmentChange
 	// SchedulerNames are the scheduler profiles that run TesseraGPU
 	// (deviceplugin.DefaultSchedulerNames when empty); assignments on pods
 	// naming another scheduler are refused.
@@ -147,7 +148,7 @@ type Options struct {
 	// longer hold their slots are removed (30 s when zero).
 	SpecCollectEvery time.Duration
 	// RefusedGrace is how long a pod refused its GPUs may hold its slots
-	// before the agent deletes it (DefaultRefusedGrace when zero).
+	// before the agent deletes it (refusal.DefaultGrace when zero).
 	RefusedGrace time.Duration
 	// Now is the clock of the refusal grace (time.Now when nil).
 	Now func() time.Time
@@ -178,10 +179,9 @@ type Agent struct {
 
 	// preempt is the node's part of preemption (package nodepreempt).
 	preempt *nodepreempt.Preemptor
-	// refused are the pods refused their GPUs that still hold slots
-	// (refused.go).
-	refusedMu sync.Mutex
-	refused   map[types.UID]*refusedPod
+	// refused follows the pods refused their GPUs that still hold slots
+	// (package refusal).
+	refused *refusal.Tracker
 	// events and recorder send the agent's events (events.go); nil
 	// without an API server.
 	events   record.EventBroadcaster
@@ -256,7 +256,7 @@ func New(opts Options) (*Agent, error) {
 		pipe = a.mpsMgr.PipeDir
 	}
 	if shared := a.timeShared(); len(shared) > 0 {
-		setter, err := timeSlicer(opts)
+		setter, err := timeslice.SetterFor(opts.TimeSlicer, opts.NvidiaSMI)
 		a.noTimeSlicer = err
 		labels := func(uuid string) []string { return a.seriesLabels(uuid) }
 		a.timeSlices = timeslice.NewController(setter, shared, labels, a.event)
@@ -264,12 +264,13 @@ func New(opts Options) (*Agent, error) {
 	}
 	a.enforcer = a.newEnforcer()
 	a.preempt = a.newPreemptor()
+	a.refused = refusal.New(refusal.Config{Node: opts.Node, Client: opts.Client, NodePods: opts.NodePods, Grace: opts.RefusedGrace, Now: opts.Now, Event: a.eventOn})
 	var noticeDir deviceplugin.NoticeDir
 	if opts.NoticeRoot != "" {
 		noticeDir = a.preempt.NoticeDir
 	}
 	dpc := deviceplugin.Config{Node: opts.Node, SchedulerNames: opts.SchedulerNames, Holder: opts.Holder, Pods: opts.Pods, PipeDir: pipe, CDIDir: opts.CDIDir, NoticeDir: noticeDir,
-		PreStarted: a.preStarted}
+		PreStarted: a.refused.PreStarted}
 	if a.gpus != nil {
 		dpc.Enforcer = a.enforcer
 	}
@@ -300,6 +301,7 @@ func New(opts Options) (*Agent, error) {
 			ConstLabels: prometheus.Labels{"node": opts.Node, "version": version.Version, "revision": version.Rev()}}, func() float64 { return 1 }))
 	a.register(a.m.collectors()...)
 	a.register(a.preempt.Collectors()...)
+	a.register(a.refused.Collectors()...)
 	return a, nil
 }
 
@@ -624,7 +626,7 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 		go a.mpsMgr.Run(ctx, mpsCheckEvery)
 	}
 	if a.gpus != nil && a.mpsMgr == nil {
-		a.prepareTimeShared(ctx)
+		timeslice.Prepare(ctx, a.gpus, a.devices)
 		if a.noTimeSlicer != nil {
 			logger.Error(a.noTimeSlicer, "Time-shared GPUs keep the driver's default time slice")
 		}
@@ -662,7 +664,7 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 			}
 		}, beat)
 	}
-	go wait.UntilWithContext(ctx, a.pruneRefused, 5*time.Second)
+	go wait.UntilWithContext(ctx, a.refused.Prune, 5*time.Second)
 	// At start it also finds limits a crashed agent left behind.
 	every := a.opts.IsolationEvery
 	if every <= 0 {
@@ -710,4 +712,30 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 	case err := <-errc:
 		return err
 	}
+}
+
+// timeShared is the GPUs this agent time-slices: none on a node in MPS
+// mode, else timeslice.Shared.
+func (a *Agent) timeShared() []string {
+	if a.mpsMgr != nil || a.gpus == nil {
+		return nil
+	}
+	return timeslice.Shared(a.devices)
+}
+
+// applyTimeSlices brings every time-shared GPU to the class its tenants
+// call for: the IO-bound length where any tenant is an inference pod, the
+// compute-bound one otherwise (and on a GPU with no tenant). The
+// Controller reports what happened.
+func (a *Agent) applyTimeSlices(ctx context.Context, now time.Time) {
+	if a.timeSlices == nil {
+		return
+	}
+	tenants := a.tenancy()
+	gpus := a.timeShared()
+	want := make(map[string]timeslice.Class, len(gpus))
+	for _, uuid := range gpus {
+		want[uuid] = timeslice.ClassOf(a.opts.Config.TimeSlice, tenants[uuid].inference)
+	}
+	a.timeSlices.Apply(ctx, want, now)
 }

@@ -3,21 +3,16 @@ package agent
 import (
 	"context"
 	"errors"
-	"strings"
 	"testing"
 	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
@@ -223,7 +218,7 @@ func TestTimeSharedGPUsGetTheirClass(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.prepareTimeShared(ctx)
+	timeslice.Prepare(ctx, a.gpus, a.devices)
 	if m, _ := srv.Devices[1].GetComputeMode(); m != gonvml.COMPUTEMODE_DEFAULT {
 		t.Fatalf("GPU 1 left in compute mode %v", m)
 	}
@@ -279,118 +274,6 @@ func TestTimeSharedGPUsGetTheirClass(t *testing.T) {
 	b.applyTimeSlices(ctx, t0.Add(time.Minute))
 	if fail.calls != 16 {
 		t.Fatalf("%d runs after the retry period; want 16", fail.calls)
-	}
-}
-
-// TestRefusedPodsAreDeletedAfterTheGrace: a pod refused its GPUs (bound by
-// another scheduler, or before the admission policies) holds its slots
-// only for the grace; then the agent deletes it, that pod and not a new one
-// of the same name, and says so on the pod and the node (issue 38: slot
-// hoarding until someone deletes it).
-func TestRefusedPodsAreDeletedAfterTheGrace(t *testing.T) {
-	now := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
-	hoarder := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "hoarder", UID: "h1"}, Spec: v1.PodSpec{NodeName: "n8"}}
-	late := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "late", UID: "l1"}, Spec: v1.PodSpec{NodeName: "n8"}}
-	client := fake.NewClientset(hoarder, late)
-	// The API server's UID precondition, which the fake lacks.
-	client.PrependReactor("delete", "pods", func(action k8stesting.Action) (bool, runtime.Object, error) {
-		del := action.(k8stesting.DeleteAction)
-		pre := del.GetDeleteOptions().Preconditions
-		if pre == nil || pre.UID == nil {
-			return false, nil, nil
-		}
-		obj, err := client.Tracker().Get(action.GetResource(), del.GetNamespace(), del.GetName())
-		if err == nil && obj.(*v1.Pod).UID != *pre.UID {
-			return true, nil, apierrors.NewConflict(action.GetResource().GroupResource(), del.GetName(), errors.New("UID precondition failed"))
-		}
-		return false, nil, nil
-	})
-	// The informer's list lags: it still has late's first pod at the end.
-	a := withRecorder(t, &Agent{m: newAgentMetrics(), opts: Options{Node: "n8", Client: client, RefusedGrace: time.Minute, Now: func() time.Time { return now },
-		NodePods: func() []*v1.Pod { return []*v1.Pod{hoarder, late} }}})
-	refusal := errors.New("pod lab/hoarder names spec.schedulerName \"default-scheduler\"")
-	a.preStarted(hoarder, "main", 31, refusal)
-	now = now.Add(30 * time.Second)
-	a.preStarted(late, "main", 1, refusal)
-	a.pruneRefused(context.Background())
-	if _, err := client.CoreV1().Pods("lab").Get(context.Background(), "hoarder", metav1.GetOptions{}); err != nil {
-		t.Fatalf("hoarder deleted within its grace: %v", err)
-	}
-	now = now.Add(30 * time.Second) // the hoarder's minute is up, not late's
-	a.pruneRefused(context.Background())
-	if _, err := client.CoreV1().Pods("lab").Get(context.Background(), "hoarder", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Fatalf("hoarder after its grace: %v, want deleted", err)
-	}
-	if _, err := client.CoreV1().Pods("lab").Get(context.Background(), "late", metav1.GetOptions{}); err != nil {
-		t.Fatalf("late deleted before its grace: %v", err)
-	}
-	if got := testutil.ToFloat64(a.m.refusedSlots.WithLabelValues("n8")); got != 1 {
-		t.Errorf("tessera_agent_refused_slots = %v after the hoarder left, want 1", got)
-	}
-	// A new pod of the late one's name (its UID another) is not touched.
-	if err := client.CoreV1().Pods("lab").Delete(context.Background(), "late", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	again := late.DeepCopy()
-	again.UID = "l2"
-	if _, err := client.CoreV1().Pods("lab").Create(context.Background(), again, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	now = now.Add(time.Hour)
-	a.pruneRefused(context.Background())
-	if p, err := client.CoreV1().Pods("lab").Get(context.Background(), "late", metav1.GetOptions{}); err != nil || p.UID != "l2" {
-		t.Errorf("the new pod named late: %v, %v", p, err)
-	}
-	evs := waitEvents(t, client, "lab", eventWith("GPUSlotsReleased", "hoarder",
-		"pod lab/hoarder was refused its GPUs for 1m0s, holding 31 slot(s): deleted to free them"))
-	if !eventWith("GPUSlotsReleased", "hoarder")(evs) {
-		t.Errorf("no GPUSlotsReleased event on the hoarder (events %v)", evs)
-	}
-	if eventWith("GPUSlotsReleased", "late")(evs) {
-		t.Errorf("a release reported for late, whose name is another pod's now: %v", evs)
-	}
-}
-
-// TestRefusedPodsAreReported: a pod refused its GPUs keeps its kubelet
-// slots until deleted (issue 15: 31 of 32 held while tessera top showed the
-// GPUs free). The agent reports it on the pod and the node and in
-// tessera_agent_refused_slots, which falls when the pod leaves or its
-// container gets its GPUs after all.
-func TestRefusedPodsAreReported(t *testing.T) {
-	client := newNode()
-	var onNode []*v1.Pod
-	a := withRecorder(t, &Agent{m: newAgentMetrics(), opts: Options{Node: "n9", Client: client, NodePods: func() []*v1.Pod { return onNode }}})
-	rogue := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "rogue", UID: "r1"}}
-	flaky := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "flaky", UID: "f1"}}
-	onNode = []*v1.Pod{rogue, flaky}
-	refusal := errors.New(strings.Repeat("no Tessera GPU assignment covers this container ", 40))
-	a.preStarted(rogue, "main", 2, refusal)
-	a.preStarted(flaky, "main", 1, refusal)
-	held := func() float64 { return testutil.ToFloat64(a.m.refusedSlots.WithLabelValues("n9")) }
-	if got := held(); got != 3 {
-		t.Fatalf("tessera_agent_refused_slots = %v, want 3", got)
-	}
-	a.preStarted(flaky, "main", 1, nil) // its next start succeeded
-	if got := held(); got != 2 {
-		t.Fatalf("after flaky started: %v, want 2", got)
-	}
-	onNode = nil // rogue deleted
-	a.pruneRefused(context.Background())
-	if got := held(); got != 0 {
-		t.Fatalf("after rogue left: %v, want 0", got)
-	}
-	onPod := waitEvents(t, client, "lab", eventWith("GPUSlotsRefused", "rogue", "holds 2 slot(s) of this node until the pod is deleted"))
-	onNode9 := waitEvents(t, client, metav1.NamespaceDefault, eventWith("GPUSlotsHeld", "n9", "pod lab/rogue holds 2 GPU slot(s)"))
-	for _, e := range append(onPod, onNode9...) {
-		if len(e.Message) > maxNote {
-			t.Errorf("%s: a %d-byte note, over the API server's 1 KiB", e.Reason, len(e.Message))
-		}
-	}
-	if !eventWith("GPUSlotsRefused", "rogue", "holds 2 slot(s) of this node until the pod is deleted")(onPod) {
-		t.Errorf("pod events %v", onPod)
-	}
-	if !eventWith("GPUSlotsHeld", "n9", "pod lab/rogue holds 2 GPU slot(s)")(onNode9) {
-		t.Errorf("node events %v", onNode9)
 	}
 }
 

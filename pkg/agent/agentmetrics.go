@@ -14,7 +14,6 @@ import (
 type agentMetrics struct {
 	mpsRestarts                     *prometheus.CounterVec
 	assignmentChanges, sliceChanges *prometheus.CounterVec
-	refusedSlots                    *prometheus.GaugeVec
 }
 
 func newAgentMetrics() *agentMetrics {
@@ -28,14 +27,9 @@ func newAgentMetrics() *agentMetrics {
 		sliceChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tessera_gpu_slice_changes_total", Help: "Changes of a GPU's slice count by the forecast-driven adjuster, by direction.",
 		}, append(append([]string{}, gpu.SeriesLabels...), "direction")),
-		refusedSlots: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "tessera_agent_refused_slots",
-			Help: "Device-plugin slots held by pods whose GPUs the agent refused: kubelet gives them to no other pod until those pods are deleted.",
-		}, []string{"node"}),
 	}
 }
 
 func (m *agentMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.mpsRestarts, m.sliceChanges,
-		m.assignmentChanges, m.refusedSlots}
+	return []prometheus.Collector{m.mpsRestarts, m.sliceChanges, m.assignmentChanges}
 }

@@ -47,6 +47,7 @@ import (
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/pkg/agent"
 	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
+	"github.com/tessera-gpu/tessera/pkg/agent/nodepods"
 	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
 	"github.com/tessera-gpu/tessera/pkg/agentendpoint"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
@@ -417,7 +418,7 @@ func (c *Cluster) runAgent(nctx context.Context, opts Options, n *Node, mpsContr
 		return err
 	}
 	actx, stopAgent := context.WithCancel(nctx)
-	nodePods := agent.WatchNodePods(agentClient, n.Name)
+	nodePods := nodepods.Watch(agentClient, n.Name)
 	if n.conn == nil {
 		if n.conn, err = grpc.NewClient("unix://"+n.kubelet.podResourcesSocket(), grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
 			stopAgent()

@@ -1,4 +1,7 @@
-package agent
+// Package nodepods is one node's pods as the agent reads them: an informer
+// over the pods bound to the node, in which a bound pod keeps the first
+// assignment it was seen with.
+package nodepods
 
 import (
 	"sync"
@@ -17,16 +20,16 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 )
 
-// NodePods is one node's pods as the agent reads them: their assignments
+// Pods is one node's pods as the agent reads them: their assignments
 // (device plugin), container IDs (per-tenant metrics) and preemption
-// notices. Start Factory, and wait for its sync, before Run.
-type NodePods struct {
+// notices. Start Factory, and wait for its sync, before the agent's Run.
+type Pods struct {
 	Factory informers.SharedInformerFactory
 	Get     deviceplugin.Pods
 	List    tenants.PodSource
 	// Changes receives every attempt to change a bound pod's assignment;
 	// the pods read through Get and List keep the first one (pass it to
-	// Options.AssignmentChanges, which reports them).
+	// agent.Options.AssignmentChanges, which reports them).
 	Changes <-chan AssignmentChange
 }
 
@@ -37,11 +40,11 @@ type AssignmentChange struct {
 	First, Now string  // the annotation's values; Now is "" when removed
 }
 
-// WatchNodePods is an informer over the pods bound to node. The first
+// Watch is an informer over the pods bound to node. The first
 // assignment a bound pod is seen with is the one that counts: a later change
 // is undone in the informer's copy, before anything in the agent reads it,
 // and sent to Changes.
-func WatchNodePods(client kubernetes.Interface, node string) NodePods {
+func Watch(client kubernetes.Interface, node string) Pods {
 	first := &firstAssignments{seen: map[types.UID]string{}, changes: make(chan AssignmentChange, 64)}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
@@ -49,7 +52,7 @@ func WatchNodePods(client kubernetes.Interface, node string) NodePods {
 	informer := factory.Core().V1().Pods()
 	_, _ = informer.Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{DeleteFunc: first.forget})
 	lister := informer.Lister()
-	return NodePods{
+	return Pods{
 		Factory: factory,
 		Get: func(ns, name string) *v1.Pod {
 			p, err := lister.Pods(ns).Get(name)
