@@ -1,10 +1,10 @@
 // Package agent wires the node agent together: NVML (pkg/nvml), fault
 // handling (health), the device plugin, the MPS daemons, time-slicing
 // (timeslice), isolation (isolation), the node's part of preemption
-// (nodepreempt), the metrics sampler, the slice adjuster and the inventory
-// it publishes for the scheduler. Each part is its own package with its own
-// tests; this one connects them, publishes the inventory and keeps it.
-//
+// (nodepreempt), refused pods (refusal), the metrics sampler, the slice
+// adjuster, and the inventory it builds and publish keeps on the Node. Each
+// part is its own package with its own tests; this one connects them and
+// records their events.//
 // One GPU container's road, from kubelet's Allocate to its CDI spec and its
 // limits:
 //
@@ -23,10 +23,11 @@
 //  4. The spec written (deviceplugin.WriteSpec), and the answer reported
 //     (Config.PreStarted, package refusal).
 //
-// Two callbacks of the device plugin reach this package (the inventory and
-// the pre-start report); isolation and the driver's edits are one
-// interface (deviceplugin.Enforcer), the MPS pipes and the preemption
-// notice directories the methods of their own packages.
+// No callback of the device plugin reaches this package: the inventory is
+// publish.Publisher's, the pre-start report refusal.Tracker's, isolation
+// and the driver's edits one interface (deviceplugin.Enforcer), the MPS
+// pipes and the preemption notice directories the methods of their own
+// packages.
 package agent
 
 import (
