@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -206,7 +207,11 @@ func (p *prometheus) targetsUp(n int) {
 		v, ok := p.scalar(`sum(up)`)
 		return ok && v == fmt.Sprint(n)
 	})
-	time.Sleep(3 * time.Second)
+	p.waitUntil(fmt.Sprintf("%d targets scraped three times", n), 60*time.Second, func() bool {
+		v, ok := p.scalar(`count(sum_over_time(up[10m]) >= 3)`)
+		got, err := strconv.Atoi(v)
+		return ok && err == nil && got >= n
+	})
 }
 
 func (p *prometheus) alerts() []promAlert {

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -50,8 +51,13 @@ func TestDashboardOnTheDemo(t *testing.T) {
 			t.Fatalf("after 90 s: the agents' GPUs %q (want 32), tessera:gpus:count %q, targets up %s", agents, rule, up)
 		}
 	}
-	// Rates need two samples in their windows.
-	time.Sleep(2*every + time.Second)
+	// Rates need two samples in their windows: three evaluations of the
+	// rule since its series appeared, so as many scrapes too.
+	p.waitUntil("three evaluations of tessera:gpus:count", 60*time.Second, func() bool {
+		v, ok := p.scalar(`count_over_time(tessera:gpus:count[10m])`)
+		n, err := strconv.Atoi(v)
+		return ok && err == nil && n >= 3
+	})
 
 	b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "grafana", "tessera-dashboard.json"))
 	if err != nil {

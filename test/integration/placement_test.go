@@ -303,7 +303,8 @@ func TestMalformedRequestsStayPending(t *testing.T) {
 	waitFor(t, 30*time.Second, "crowded to be reported", func() bool {
 		return strings.Contains(c.unschedulableMessage(ns, "crowded"), "Insufficient cpu")
 	})
-	time.Sleep(500 * time.Millisecond)
+	// A nomination would come in the same status update as the condition
+	// (the scheduler writes both when PostFilter ends).
 	if p, err := c.client.CoreV1().Pods(ns).Get(c.ctx, "crowded", metav1.GetOptions{}); err != nil || p.Status.NominatedNodeName != "" {
 		t.Errorf("crowded nominated to %q (%v)", p.Status.NominatedNodeName, err)
 	}

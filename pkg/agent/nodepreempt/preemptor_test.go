@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -22,6 +23,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
 
 	"github.com/tessera-gpu/tessera/pkg/agent/reclaim"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
@@ -168,7 +171,9 @@ func TestNoticeTrustsNothingThePodPlaced(t *testing.T) {
 	}}, Spec: v1.PodSpec{NodeName: "n1"}, Status: v1.PodStatus{Phase: v1.PodRunning, PodIP: "127.0.0.1"}}
 	client := fake.NewClientset()
 	a := newTestPreemptor(t, srv, t.TempDir(), noticeRoot, func() []*v1.Pod { return []*v1.Pod{victim} }, client, nil)
-	a.Pass(context.Background(), time.Now())
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+	ctx := klog.NewContext(context.Background(), logger)
+	a.Pass(ctx, time.Now())
 
 	if b, _ := os.ReadFile(hostFile); string(b) != "root:x:0:0" {
 		t.Fatalf("the host file behind the pod's symlink now holds %q", b)
@@ -187,10 +192,21 @@ func TestNoticeTrustsNothingThePodPlaced(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the pod's checkpoint URL was not called")
 	}
+	// A followed redirect would be called before the client returned the
+	// answer, which the agent then logs.
+	logged := func() bool {
+		return strings.Contains(logger.GetSink().(ktesting.Underlier).GetBuffer().String(), "answered with a redirect, which the agent does not follow")
+	}
+	for deadline := time.Now().Add(5 * time.Second); !logged() && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !logged() {
+		t.Fatal("the agent did not log the pod's redirect as not followed")
+	}
 	select {
 	case got := <-elsewhere:
 		t.Fatalf("the agent followed the pod's redirect: %s", got)
-	case <-time.After(300 * time.Millisecond):
+	default:
 	}
 }
 
