@@ -12,7 +12,7 @@ OPENB ?= ../shared/traces/openb
 # deprecation warnings (about 300 lines on a cold build) say nothing about Tessera.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: demo demo-sim test race test-short rules images manifests apt-lists browser web-screenshot soak bench bench-allocate bench-sim bench-scheduler fuzz build vet fmt-check openb clean
+.PHONY: demo demo-sim test race test-short rules images manifests apt-lists browser web-screenshot soak bench bench-allocate bench-sim bench-scheduler fuzz build vet fmt-check openb openb-timeline clean
 
 ## demo: a local playground cluster (4 simulated nodes × 8 H100s) with a sample workload; prints where each pod landed.
 demo:
@@ -123,6 +123,13 @@ openb: build
 	@mkdir -p out
 	@for w in default gpushare40 multigpu50 gpuspec10; do ./bin/tessera sim --policy all --seeds 42-51 \
 		--nodes $(OPENB)/openb_node_list_gpu_node.csv --pods $(OPENB)/openb_pod_list_$$w.csv --out out/openb_$$w.csv || exit 1; done
+
+## openb-timeline: the openb lists that carry times, replayed by them (every policy, seeds 42-44, arrivals SPEEDUP times as fast; default 1).
+SPEEDUP ?= 1
+openb-timeline: build
+	@mkdir -p out
+	@for w in default gpushare40 gpushare60 gpuspec10 gpuspec20 cpu100; do ./bin/tessera sim --timeline --speedup $(SPEEDUP) --policy all --seeds 42-44 \
+		--nodes $(OPENB)/openb_node_list_gpu_node.csv --pods $(OPENB)/openb_pod_list_$$w.csv --out out/timeline_$$w.csv --plot out/timeline_$$w.png || exit 1; done
 
 ## soak: 10,000 events of churn and faults on a playground per seed (SEEDS), invariants checked after every step; prints a summary each.
 SEEDS ?= 1 2 3

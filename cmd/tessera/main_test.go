@@ -41,12 +41,47 @@ func TestSimBuiltIn(t *testing.T) {
 	}
 }
 
+// TestSimTimeline: tessera sim --timeline replays the built-in workload
+// by time for the policies asked, prints their row each, and writes the
+// curves' CSV (to standard output with -, the summary then on standard
+// error) and the two-panel plot.
+func TestSimTimeline(t *testing.T) {
+	dir := t.TempDir()
+	pngPath := filepath.Join(dir, "timeline.png")
+	code, out, errOut := runCLI(t, "sim", "--timeline", "--speedup", "2", "--policy", "fgd,tessera", "--seeds", "42-43",
+		"--synthetic-nodes", "24", "--synthetic-pods", "300", "--out", "-", "--plot", pngPath, "--progress=false")
+	if code != exitOK {
+		t.Fatalf("exit %d, stderr:\n%s", code, errOut)
+	}
+	for _, want := range []string{"workload synthetic by time: ", "300 pods, arrivals 2x as fast", "alloc mean", "alloc p5", "delay p99", "never placed", "fgd", "tessera"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("summary lacks %q:\n%s", want, errOut)
+		}
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	// A header, then 100 samples × 2 policies × 2 seeds.
+	if lines[0] != "workload,sc_policy,seed,time_s,allocation,queue" || len(lines) != 1+100*2*2 {
+		t.Errorf("CSV: header %q and %d lines, want 401", lines[0], len(lines))
+	}
+	if !strings.HasPrefix(lines[1], "synthetic,fgd,42,") {
+		t.Errorf("first row %q", lines[1])
+	}
+	png, err := os.ReadFile(pngPath)
+	if err != nil || !bytes.HasPrefix(png, []byte("\x89PNG")) {
+		t.Errorf("plot is not a PNG (err %v)", err)
+	}
+}
+
 func TestSimBadInput(t *testing.T) {
 	dir := t.TempDir()
 	nodes := filepath.Join(dir, "nodes.csv")
 	pods := filepath.Join(dir, "pods.csv")
 	os.WriteFile(nodes, []byte("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,P100\n"), 0o644)
 	os.WriteFile(pods, []byte("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1024,1,500\np1,1000,1024,1,2000\n"), 0o644)
+	untimed := filepath.Join(dir, "untimed.csv")
+	os.WriteFile(untimed, []byte("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1024,1,500\n"), 0o644)
+	backwards := filepath.Join(dir, "backwards.csv")
+	os.WriteFile(backwards, []byte("name,cpu_milli,memory_mib,num_gpu,gpu_milli,creation_time,deletion_time\np0,1000,1024,1,500,10,5\n"), 0o644)
 	tests := []struct {
 		name     string
 		args     []string
@@ -60,6 +95,12 @@ func TestSimBadInput(t *testing.T) {
 		{"half a trace", []string{"sim", "--nodes", nodes}, exitUsage, "--nodes and --pods go together"},
 		{"missing file", []string{"sim", "--nodes", nodes, "--pods", filepath.Join(dir, "none.csv")}, exitError, "none.csv"},
 		{"unknown command", []string{"simulate"}, exitUsage, `unknown command "simulate"`},
+		{"speedup without timeline", []string{"sim", "--speedup", "3"}, exitUsage, "--speedup goes with --timeline"},
+		{"tune with timeline", []string{"sim", "--timeline", "--tune", "1.2"}, exitUsage, "--tune applies to the arrival replay, not to --timeline"},
+		{"bad speedup", []string{"sim", "--timeline", "--speedup", "0"}, exitUsage, "--speedup 0: must be in (0, 1000000]"},
+		{"no times", []string{"sim", "--timeline", "--nodes", nodes, "--pods", untimed}, exitError, "no creation_time and deletion_time"},
+		{"leaves before it arrives", []string{"sim", "--timeline", "--nodes", nodes, "--pods", backwards}, exitError,
+			backwards + ":2: bad trace: pod p0 leaves (deletion_time 5) before it arrives (creation_time 10)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

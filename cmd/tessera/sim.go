@@ -19,7 +19,16 @@ paper's simulator does (USENIX ATC'23): every pod of the list plus pods drawn
 at random until GPU demand reaches --tune × capacity, shuffled by the seed,
 placed one at a time, never deleted. Prints a summary per policy (mean over
 seeds); --out writes the allocation curve CSV in the paper's format, --plot a
-PNG. Without --nodes and --pods it replays the built-in synthetic workload.`
+PNG. Without --nodes and --pods it replays the built-in synthetic workload.
+
+With --timeline it replays the list by time instead: each pod arrives at its
+creation_time (divided by --speedup) and stays its lifetime (deletion_time −
+creation_time) from when it is placed; a pod that fits nowhere waits in a
+queue and is retried when a pod leaves, as kube-scheduler retries. It prints
+per policy the GPU allocation over the arrival window (time-weighted mean and
+5th percentile), the queueing delay (p50, p99), the pods queued and never
+placed, and the mean fragmentation; --out writes the curves as CSV, --plot
+allocation and queue length over time for every policy on one picture.`
 
 // policyList is a repeatable --policy flag.
 type policyList []config.Policy
@@ -81,6 +90,8 @@ func newSimCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 		synthSeed  = fs.Uint64("synthetic-seed", 1, "built-in workload: generator seed")
 		plain      = fs.Bool("plain", false, "score every node for every pod without the per-node cache (same placements, slower)")
 		progress   = fs.Bool("progress", term.IsTerminal(int(os.Stderr.Fd())), "show a progress bar on standard error")
+		timeline   = fs.Bool("timeline", false, "replay the pod list by its creation_time and deletion_time, with a queue, instead of the arrival replay")
+		speedup    = fs.Float64("speedup", 1, "with --timeline: divide creation times (not lifetimes) by this, so the same pods contend harder")
 	)
 	fs.Var(&policies, "policy", "scoring policy, repeatable or comma-separated: "+strings.Join(policyNames(), ", ")+" or all (default all)")
 	cmd.RunE = func(*cobra.Command, []string) error {
@@ -95,6 +106,18 @@ func newSimCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 			seeds, err := sim.ParseSeeds(*seedsFlag)
 			if err != nil {
 				return usageErr("%v", err)
+			}
+			if *timeline {
+				for _, f := range []string{"tune", "plain"} {
+					if cmd.Flags().Changed(f) {
+						return usageErr("--%s applies to the arrival replay, not to --timeline", f)
+					}
+				}
+				if !(*speedup > 0 && *speedup <= 1e6) {
+					return usageErr("--speedup %v: must be in (0, 1000000]", *speedup)
+				}
+			} else if cmd.Flags().Changed("speedup") {
+				return usageErr("--speedup goes with --timeline")
 			}
 			if !(*tune > 0 && *tune <= 10) {
 				return usageErr("--tune %v: must be in (0, 10]", *tune)
@@ -137,6 +160,9 @@ func newSimCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 				return exitError
 			}
 
+			if *timeline {
+				return runTimeline(trace, cfg, policies, seeds, *speedup, *out, *plotPath, newProgressBar(stderr, *progress, len(policies)*len(seeds)), stdout, stderr)
+			}
 			bar := newProgressBar(stderr, *progress, len(policies)*len(seeds))
 			var results []*sim.Result
 			for _, pol := range policies {
@@ -187,6 +213,66 @@ func newSimCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 		return nil
 	}
 	return cmd
+}
+
+// runTimeline is tessera sim --timeline: every policy × seed replayed by
+// time, then the summary, the CSV and the plot asked for.
+func runTimeline(trace *sim.Trace, cfg *config.Configuration, policies []config.Policy, seeds []uint64, speedup float64,
+	out, plotPath string, bar *progressBar, stdout, stderr io.Writer) int {
+	var results []*sim.TimelineResult
+	for _, pol := range policies {
+		for _, seed := range seeds {
+			res, err := trace.Timeline(cfg.Allocator, sim.TimelineOptions{
+				Policy: pol, Seed: seed, Speedup: speedup,
+				Progress: func(done, total int) { bar.update(fmt.Sprintf("%s seed %d", pol, seed), done, total) },
+			})
+			if err != nil {
+				bar.done()
+				fmt.Fprintf(stderr, "tessera sim: %v\n", err)
+				return exitError
+			}
+			bar.finishRun()
+			results = append(results, res)
+		}
+	}
+	bar.done()
+	summaryOut := stdout
+	if out != "" {
+		write := func(w io.Writer) error { return sim.WriteTimelineCSV(w, results) }
+		if err := writeTo(out, stdout, write); err != nil {
+			fmt.Fprintf(stderr, "tessera sim: %v\n", err)
+			return exitError
+		}
+		if out == "-" {
+			summaryOut = stderr
+		}
+	}
+	if plotPath != "" {
+		if err := sim.SaveTimelinePlot(plotPath, trace.Name, results); err != nil {
+			fmt.Fprintf(stderr, "tessera sim: %v\n", err)
+			return exitError
+		}
+	}
+	if err := sim.WriteTimelineSummary(summaryOut, trace.Name, trace.GPUs(), len(trace.Pods), speedup, sim.SummarizeTimelines(results)); err != nil {
+		return exitError
+	}
+	return exitOK
+}
+
+// writeTo runs write on standard output for "-", else on the file at path.
+func writeTo(path string, stdout io.Writer, write func(io.Writer) error) error {
+	if path == "-" {
+		return write(stdout)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // workloadName labels a pod list the way the paper's CSVs do:

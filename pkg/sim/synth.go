@@ -63,6 +63,13 @@ var syntheticPods = []podKind{
 
 var syntheticSpecs = [][]string{{"H100"}, {"A100", "H100"}, {"T4"}, {"A10", "T4"}}
 
+// The built-in workload's mean time between arrivals and mean lifetime,
+// in seconds.
+const (
+	syntheticGap      = 60
+	syntheticLifetime = 14 * 3600
+)
+
 // Synthetic generates a cluster and pod list from opts: the built-in
 // workload `tessera sim` replays when given no trace.
 func Synthetic(opts SyntheticOptions) ([]NodeSpec, []PodSpec) {
@@ -79,12 +86,21 @@ func Synthetic(opts SyntheticOptions) ([]NodeSpec, []PodSpec) {
 		nodes[i] = NodeSpec{Name: fmt.Sprintf("synth-node-%03d", i), CPUMilli: k.cpuMilli, MemoryMiB: k.memMiB, GPUs: k.gpus, Model: k.model}
 	}
 	pods := make([]PodSpec, opts.Pods)
+	// Times come from their own stream, so the pods are the same with or
+	// without them: a pod every minute on average, staying 14 hours on
+	// average, which offers the cluster about 1.1 times its GPUs once the
+	// first pods start leaving.
+	times := rand.New(rand.NewPCG(opts.Seed, 0x71e))
+	var now float64
 	for i := range pods {
 		p := weighted(r, syntheticPods, func(k podKind) int { return k.weight }).gen(r)
 		p.Name = fmt.Sprintf("synth-pod-%04d", i)
 		if p.NumGPU > 0 && r.IntN(10) == 0 {
 			p.Models = pick(r, syntheticSpecs)
 		}
+		now += syntheticGap * times.ExpFloat64()
+		p.Created = int64(now)
+		p.Deleted = p.Created + int64(syntheticLifetime*times.ExpFloat64())
 		pods[i] = p
 	}
 	return nodes, pods

@@ -39,6 +39,10 @@ type PodSpec struct {
 	GPUMilli int64
 	// Models is the gpu_spec allow-list; empty means any.
 	Models []string
+	// Created and Deleted are the pod's creation_time and deletion_time in
+	// seconds (0 where the list has none): a timeline replay
+	// (Trace.Timeline) lets it arrive and leave by them.
+	Created, Deleted int64
 }
 
 // Demand is the pod's GPU demand in milli-GPU.
@@ -186,7 +190,8 @@ func ParseNodes(in io.Reader, file string) ([]NodeSpec, error) {
 }
 
 // ParsePods reads a pod list (columns name, cpu_milli, memory_mib, num_gpu,
-// gpu_milli, optional gpu_spec; other columns are ignored).
+// gpu_milli; optional gpu_spec, creation_time and deletion_time; other
+// columns are ignored).
 func ParsePods(in io.Reader, file string) ([]PodSpec, error) {
 	t, err := openTable(in, file, "name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 	if err != nil {
@@ -208,6 +213,13 @@ func ParsePods(in io.Reader, file string) ([]PodSpec, error) {
 			NumGPU:    int(r.int("num_gpu", 0, allocator.MaxGPUsPerNode)),
 			GPUMilli:  r.int("gpu_milli", 0, gpu.CoresPerGPU),
 		}
+		// Empty times are 0, as the lists without times have them.
+		if r.str("creation_time") != "" {
+			p.Created = r.int("creation_time", 0, 1<<40)
+		}
+		if r.str("deletion_time") != "" {
+			p.Deleted = r.int("deletion_time", 0, 1<<40)
+		}
 		if spec := r.str("gpu_spec"); spec != "" && r.err == nil {
 			models, err := gpu.ParseModelList(spec)
 			if err != nil {
@@ -223,6 +235,8 @@ func ParsePods(in io.Reader, file string) ([]PodSpec, error) {
 			r.fail("pod %s asks for gpu_milli %d with num_gpu 0", p.Name, p.GPUMilli)
 		case p.NumGPU == 0 && p.CPUMilli == 0 && p.MemoryMiB == 0:
 			r.fail("pod %s asks for nothing", p.Name)
+		case p.Deleted < p.Created:
+			r.fail("pod %s leaves (deletion_time %d) before it arrives (creation_time %d)", p.Name, p.Deleted, p.Created)
 		}
 		if r.err != nil {
 			return nil, r.err

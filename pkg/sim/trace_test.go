@@ -13,7 +13,7 @@ const podHeader = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_
 func TestParsePods(t *testing.T) {
 	in := podHeader +
 		"p0,12000,16384,1,1000,,LS,Running,0,1,0\n" +
-		"p1,6000,12288,1,460,V100M16|V100M32,LS,Running,0,1,0\n" +
+		"p1,6000,12288,1,460,V100M16|V100M32,LS,Running,7,1200,0\n" +
 		"p2,4000,8192,0,0,,BE,Running,0,1,0\n" +
 		"p3,32000,65536,8,1000,,LS,Running,0,1,0\n"
 	pods, err := ParsePods(strings.NewReader(in), "pods.csv")
@@ -21,10 +21,10 @@ func TestParsePods(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []PodSpec{
-		{Name: "p0", CPUMilli: 12000, MemoryMiB: 16384, NumGPU: 1, GPUMilli: 1000},
-		{Name: "p1", CPUMilli: 6000, MemoryMiB: 12288, NumGPU: 1, GPUMilli: 460, Models: []string{"V100M16", "V100M32"}},
-		{Name: "p2", CPUMilli: 4000, MemoryMiB: 8192},
-		{Name: "p3", CPUMilli: 32000, MemoryMiB: 65536, NumGPU: 8, GPUMilli: 1000},
+		{Name: "p0", CPUMilli: 12000, MemoryMiB: 16384, NumGPU: 1, GPUMilli: 1000, Deleted: 1},
+		{Name: "p1", CPUMilli: 6000, MemoryMiB: 12288, NumGPU: 1, GPUMilli: 460, Models: []string{"V100M16", "V100M32"}, Created: 7, Deleted: 1200},
+		{Name: "p2", CPUMilli: 4000, MemoryMiB: 8192, Deleted: 1},
+		{Name: "p3", CPUMilli: 32000, MemoryMiB: 65536, NumGPU: 8, GPUMilli: 1000, Deleted: 1},
 	}
 	if diff := cmp.Diff(want, pods); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
