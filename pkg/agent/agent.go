@@ -14,14 +14,14 @@
 //     hold the slots (Holder: kubelet's pod-resources API), reads the pod's
 //     assignment (pkg/podgpu) and checks it against the node's inventory
 //     and what was granted before (deviceplugin/honour.go; the inventory
-//     through Config.Inventory, the publish package's Published).
+//     through Config.Inventory, a publish.Publisher).
 //  3. The container's edits (deviceplugin/edits.go), with the driver's
 //     (isolation.Enforcer.DriverEdits, from driverspec), and its limits put
 //     in force (isolation.Enforcer.Isolate: MPS server limits through the
 //     mps package, kernel memory limits through memlimit), or the
 //     container refused.
 //  4. The spec written (deviceplugin.WriteSpec), and the answer reported
-//     (Config.PreStarted, package refusal).
+//     (Config.Reporter, a refusal.Tracker).
 //
 // No callback of the device plugin reaches this package: the inventory is
 // publish.Publisher's, the pre-start report refusal.Tracker's, isolation
@@ -265,23 +265,25 @@ func New(opts Options) (*Agent, error) {
 	}
 	a.enforcer = a.newEnforcer()
 	a.preempt = a.newPreemptor()
+	// The plugin takes the slots the Publisher publishes; it is made next.
+	a.pub = publish.New(publish.Config{Node: opts.Node, Client: opts.Client, Build: a.Inventory,
+		SetSlots: func(s []deviceplugin.GPUSlots) { a.plugin.SetGPUs(s) }, Event: a.event})
 	a.refused = refusal.New(refusal.Config{Node: opts.Node, Client: opts.Client, NodePods: opts.NodePods, Grace: opts.RefusedGrace, Now: opts.Now, Event: a.eventOn})
 	var noticeDir deviceplugin.NoticeDir
 	if opts.NoticeRoot != "" {
 		noticeDir = a.preempt.NoticeDir
 	}
 	dpc := deviceplugin.Config{Node: opts.Node, SchedulerNames: opts.SchedulerNames, Holder: opts.Holder, Pods: opts.Pods, PipeDir: pipe, CDIDir: opts.CDIDir, NoticeDir: noticeDir,
-		PreStarted: a.refused.PreStarted}
+		Reporter: a.refused}
 	if a.gpus != nil {
 		dpc.Enforcer = a.enforcer
 	}
 	if opts.NodePods != nil {
 		// Every assignment is checked against this node's GPUs and what
 		// was granted before it, whoever wrote it.
-		dpc.Inventory, dpc.NodePods, dpc.MemoryOversubscription = func() *gpu.NodeInventory { return a.pub.Published() }, opts.NodePods, opts.Config.Allocator.MemoryOversubscription
+		dpc.Inventory, dpc.NodePods, dpc.MemoryOversubscription = a.pub, opts.NodePods, opts.Config.Allocator.MemoryOversubscription
 	}
 	a.plugin = deviceplugin.New(dpc)
-	a.pub = publish.New(publish.Config{Node: opts.Node, Client: opts.Client, Build: a.Inventory, SetSlots: a.plugin.SetGPUs, Event: a.event})
 	if a.gpus != nil {
 		var res *tenants.Resolver
 		if opts.NodePods != nil {

@@ -154,7 +154,7 @@ func TestPreStartRefusesWhatTheNodeCannotHonour(t *testing.T) {
 			}
 			return nil
 		},
-		Inventory: func() *gpu.NodeInventory { return inv }, NodePods: func() []*v1.Pod { return pods }, MemoryOversubscription: 1.5,
+		Inventory: fixedInventory{inv}, NodePods: func() []*v1.Pod { return pods }, MemoryOversubscription: 1.5,
 	})
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -190,3 +190,8 @@ func TestRefusalNamesThePodOnce(t *testing.T) {
 		t.Fatalf("refusal %v, want the pod named once", err)
 	}
 }
+
+// fixedInventory is an Inventory that never changes.
+type fixedInventory struct{ inv *gpu.NodeInventory }
+
+func (f fixedInventory) Published() *gpu.NodeInventory { return f.inv }

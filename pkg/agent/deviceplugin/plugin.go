@@ -72,6 +72,20 @@ type Holder interface {
 // informer), or nil.
 type Pods func(namespace, name string) *v1.Pod
 
+// Inventory is the node's inventory as last published (publish.Publisher):
+// the GPUs every assignment is checked against.
+type Inventory interface {
+	Published() *gpu.NodeInventory
+}
+
+// Reporter hears every PreStartContainer answer whose pod is known
+// (refusal.Tracker): err nil when the container got its GPUs, else why it
+// was refused. A refused pod keeps its slots in kubelet until it is
+// deleted.
+type Reporter interface {
+	PreStarted(pod *v1.Pod, container string, slots int, err error)
+}
+
 // NoticeDir is the host directory of a pod's preemption notices, mounted
 // into its GPU containers at preemption.ContainerDir.
 type NoticeDir func(podUID string) string
@@ -87,10 +101,10 @@ type Plugin struct {
 	pipeDir    PipeDir
 	cdiDir     string
 	noticeDir  NoticeDir
-	inventory  func() *gpu.NodeInventory
+	inventory  Inventory
 	nodePods   func() []*v1.Pod
 	oversub    float64
-	preStarted func(pod *v1.Pod, container string, slots int, err error)
+	reporter   Reporter
 	enforcer   Enforcer
 
 	mu      sync.Mutex
@@ -117,14 +131,12 @@ type Config struct {
 	// Inventory and NodePods, when set, have every assignment checked
 	// against the node's GPUs and what its pods were granted before
 	// (Honoured), with MemoryOversubscription as the per-GPU memory limit.
-	Inventory              func() *gpu.NodeInventory
+	Inventory              Inventory
 	NodePods               func() []*v1.Pod
 	MemoryOversubscription float64
-	// PreStarted, when set, is told of every PreStartContainer whose pod is
-	// known: err nil when the container got its GPUs, else why it was
-	// refused. A refused pod keeps its slots in kubelet until it is
-	// deleted.
-	PreStarted func(pod *v1.Pod, container string, slots int, err error)
+	// Reporter, when set, is told of every PreStartContainer whose pod is
+	// known.
+	Reporter Reporter
 	// Enforcer, when set, puts in force the limits of a container about to
 	// get its GPUs before its spec is written, and gives the driver's
 	// edits for its GPUs, written into its spec.
@@ -158,7 +170,7 @@ func New(c Config) *Plugin {
 		schedulers = DefaultSchedulerNames
 	}
 	return &Plugin{node: c.Node, schedulers: schedulers, holder: c.Holder, pods: c.Pods, pipeDir: c.PipeDir, cdiDir: c.CDIDir, noticeDir: c.NoticeDir,
-		inventory: c.Inventory, nodePods: c.NodePods, oversub: c.MemoryOversubscription, preStarted: c.PreStarted, enforcer: c.Enforcer,
+		inventory: c.Inventory, nodePods: c.NodePods, oversub: c.MemoryOversubscription, reporter: c.Reporter, enforcer: c.Enforcer,
 		changed: make(chan struct{})}
 }
 
@@ -297,9 +309,9 @@ func (p *Plugin) PreStartContainer(ctx context.Context, req *pluginapi.PreStartC
 	}
 	logger := klog.FromContext(ctx).WithValues("pod", klog.KRef(ns, name), "container", container)
 	e, err := p.editsFor(klog.NewContext(ctx, logger), ns, name, container, len(req.DevicesIds))
-	if p.preStarted != nil {
+	if p.reporter != nil {
 		if pod := p.pods(ns, name); pod != nil {
-			p.preStarted(pod, container, len(req.DevicesIds), err)
+			p.reporter.PreStarted(pod, container, len(req.DevicesIds), err)
 		}
 	}
 	if err != nil {
@@ -366,7 +378,7 @@ func (p *Plugin) editsFor(ctx context.Context, ns, name, container string, slots
 			ns, name, pod.Spec.SchedulerName, strings.Join(p.schedulers, ", "), ErrNotTesseraScheduled)
 	}
 	if p.inventory != nil && p.nodePods != nil {
-		inv := p.inventory()
+		inv := p.inventory.Published()
 		if inv == nil {
 			return Edits{}, fmt.Errorf("pod %s/%s: the agent has not read this node's GPUs yet: %w", ns, name, ErrCannotHonour)
 		}
