@@ -23,7 +23,8 @@ func TestSimBuiltIn(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d, stderr:\n%s", code, errOut)
 	}
-	for _, want := range []string{"workload synthetic", "alloc@100%", "binpack", "spread", "fgd", "tessera"} {
+	for _, want := range []string{"workload synthetic", "alloc@100%", "binpack", "spread", "fgd", "tessera", "ceiling @100%: ",
+		"ceiling @100% with GPU models, CPU and memory: ", "for 2 seed(s)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("summary lacks %q:\n%s", want, out)
 		}

@@ -202,10 +202,20 @@ func newSimCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 				return exitError
 			}
 			var ceilings []sim.Ceiling
+			var modelCeilings []sim.ModelCeiling
 			for _, seed := range seeds {
 				ceilings = append(ceilings, trace.CeilingOf(seed, *tune))
+				mc, err := trace.ModelCeilingOf(seed, *tune)
+				if err != nil {
+					fmt.Fprintf(stderr, "tessera sim: seed %d: %v\n", seed, err)
+					return exitError
+				}
+				modelCeilings = append(modelCeilings, mc)
 			}
 			if err := sim.WriteCeiling(summaryOut, trace.GPUs(), ceilings); err != nil {
+				return exitError
+			}
+			if err := sim.WriteModelCeiling(summaryOut, trace.GPUs(), modelCeilings); err != nil {
 				return exitError
 			}
 			return exitOK

@@ -7,6 +7,7 @@ import (
 	"math"
 	"strconv"
 	"text/tabwriter"
+	"time"
 
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 )
@@ -127,5 +128,33 @@ func WriteCeiling(w io.Writer, gpus int, cs []Ceiling) error {
 	_, err := fmt.Fprintf(w, "ceiling @100%%: %.2f%% (%.1f GPUs unallocated at least) for a policy that places every sharing pod: "+
 		"sharing pods' demand %.1f GPUs needs at least %.1f GPUs (bin-packing lower bound), leaving %.1f GPUs of slivers no whole-GPU pod can use\n",
 		at100, float64(gpus)*(1-at100/100), sharing, slicer, slivers)
+	return err
+}
+
+// WriteModelCeiling prints the mean ModelCeiling over seeds, beside the
+// model-blind one: the most any placement of the arrivals could allocate
+// at 100 %, with GPU models, node CPU and memory and multi-GPU pods, and
+// how long the relaxations took. Seeds whose demand never reaches 100 %
+// are left out; none left prints nothing.
+func WriteModelCeiling(w io.Writer, gpus int, cs []ModelCeiling) error {
+	var at100 float64
+	var n, shapes, types int
+	var took time.Duration
+	for _, c := range cs {
+		if math.IsNaN(c.At100) {
+			continue
+		}
+		at100 += c.At100
+		shapes, types = max(shapes, c.Shapes), max(types, c.NodeTypes)
+		took += c.Took
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	at100 /= float64(n)
+	_, err := fmt.Fprintf(w, "ceiling @100%% with GPU models, CPU and memory: %.2f%% (%.1f GPUs unallocated at least) for any placement: "+
+		"a linear relaxation over %d pod shapes and %d node types, solved in %v for %d seed(s)\n",
+		at100, float64(gpus)*(1-at100/100), shapes, types, took.Round(time.Millisecond), n)
 	return err
 }
