@@ -73,6 +73,23 @@ func TestSimTimeline(t *testing.T) {
 	}
 }
 
+// TestSimProgress: --progress draws the bar on standard error, for the
+// replays and then for the ceilings, and clears it before the summary.
+func TestSimProgress(t *testing.T) {
+	code, out, errOut := runCLI(t, "sim", "--progress", "--policy", "fgd", "--seeds", "42-43", "--synthetic-nodes", "24", "--synthetic-pods", "300")
+	if code != exitOK {
+		t.Fatalf("exit %d, stderr:\n%s", code, errOut)
+	}
+	for _, want := range []string{"fgd seed 42", "fgd seed 43", "ceilings, seed 42", "ceilings, seed 43", "] 100.0%", "\r"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("progress on standard error lacks %q:\n%q", want, errOut)
+		}
+	}
+	if strings.Contains(out, "[=") || !strings.Contains(out, "alloc@100%") {
+		t.Errorf("the bar went to standard output, or the summary did not:\n%s", out)
+	}
+}
+
 func TestSimBadInput(t *testing.T) {
 	dir := t.TempDir()
 	nodes := filepath.Join(dir, "nodes.csv")

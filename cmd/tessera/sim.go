@@ -203,15 +203,21 @@ func newSimCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 			}
 			var ceilings []sim.Ceiling
 			var modelCeilings []sim.ModelCeiling
+			// The model-aware ceiling takes up to seconds a seed.
+			cbar := newProgressBar(stderr, *progress, len(seeds))
 			for _, seed := range seeds {
+				cbar.update(fmt.Sprintf("ceilings, seed %d", seed), 0, 1)
 				ceilings = append(ceilings, trace.CeilingOf(seed, *tune))
 				mc, err := trace.ModelCeilingOf(seed, *tune)
 				if err != nil {
+					cbar.done()
 					fmt.Fprintf(stderr, "tessera sim: seed %d: %v\n", seed, err)
 					return exitError
 				}
 				modelCeilings = append(modelCeilings, mc)
+				cbar.finishRun()
 			}
+			cbar.done()
 			if err := sim.WriteCeiling(summaryOut, trace.GPUs(), ceilings); err != nil {
 				return exitError
 			}
