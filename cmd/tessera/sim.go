@@ -164,23 +164,13 @@ func newSimCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 				return runTimeline(trace, cfg, policies, seeds, *speedup, *out, *plotPath, newProgressBar(stderr, *progress, len(policies)*len(seeds)), stdout, stderr)
 			}
 			bar := newProgressBar(stderr, *progress, len(policies)*len(seeds))
-			var results []*sim.Result
-			for _, pol := range policies {
-				for _, seed := range seeds {
-					res, err := trace.Run(cfg.Allocator, sim.RunOptions{
-						Policy: pol, Seed: seed, Tune: *tune, Plain: *plain,
-						Progress: func(done, total int) { bar.update(fmt.Sprintf("%s seed %d", pol, seed), done, total) },
-					})
-					if err != nil {
-						bar.done()
-						fmt.Fprintf(stderr, "tessera sim: %v\n", err)
-						return exitError
-					}
-					bar.finishRun()
-					results = append(results, res)
-				}
+			results, err := replayAll(policies, seeds, bar, func(pol config.Policy, seed uint64, progress func(done, total int)) (*sim.Result, error) {
+				return trace.Run(cfg.Allocator, sim.RunOptions{Policy: pol, Seed: seed, Tune: *tune, Plain: *plain, Progress: progress})
+			})
+			if err != nil {
+				fmt.Fprintf(stderr, "tessera sim: %v\n", err)
+				return exitError
 			}
-			bar.done()
 
 			if *out != "" {
 				if err := writeCSV(*out, stdout, results); err != nil {
@@ -235,23 +225,13 @@ func newSimCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 // time, then the summary, the CSV and the plot asked for.
 func runTimeline(trace *sim.Trace, cfg *config.Configuration, policies []config.Policy, seeds []uint64, speedup float64,
 	out, plotPath string, bar *progressBar, stdout, stderr io.Writer) int {
-	var results []*sim.TimelineResult
-	for _, pol := range policies {
-		for _, seed := range seeds {
-			res, err := trace.Timeline(cfg.Allocator, sim.TimelineOptions{
-				Policy: pol, Seed: seed, Speedup: speedup,
-				Progress: func(done, total int) { bar.update(fmt.Sprintf("%s seed %d", pol, seed), done, total) },
-			})
-			if err != nil {
-				bar.done()
-				fmt.Fprintf(stderr, "tessera sim: %v\n", err)
-				return exitError
-			}
-			bar.finishRun()
-			results = append(results, res)
-		}
+	results, err := replayAll(policies, seeds, bar, func(pol config.Policy, seed uint64, progress func(done, total int)) (*sim.TimelineResult, error) {
+		return trace.Timeline(cfg.Allocator, sim.TimelineOptions{Policy: pol, Seed: seed, Speedup: speedup, Progress: progress})
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "tessera sim: %v\n", err)
+		return exitError
 	}
-	bar.done()
 	summaryOut := stdout
 	if out != "" {
 		write := func(w io.Writer) error { return sim.WriteTimelineCSV(w, results) }
@@ -273,6 +253,25 @@ func runTimeline(trace *sim.Trace, cfg *config.Configuration, policies []config.
 		return exitError
 	}
 	return exitOK
+}
+
+// replayAll runs every policy × seed, in that order, with the bar showing
+// each run's progress.
+func replayAll[R any](policies []config.Policy, seeds []uint64, bar *progressBar,
+	run func(pol config.Policy, seed uint64, progress func(done, total int)) (R, error)) ([]R, error) {
+	defer bar.done()
+	var out []R
+	for _, pol := range policies {
+		for _, seed := range seeds {
+			res, err := run(pol, seed, func(done, total int) { bar.update(fmt.Sprintf("%s seed %d", pol, seed), done, total) })
+			if err != nil {
+				return nil, err
+			}
+			bar.finishRun()
+			out = append(out, res)
+		}
+	}
+	return out, nil
 }
 
 // writeTo runs write on standard output for "-", else on the file at path.
@@ -299,16 +298,5 @@ func workloadName(path string) string {
 }
 
 func writeCSV(path string, stdout io.Writer, results []*sim.Result) error {
-	if path == "-" {
-		return sim.WriteCSV(stdout, results)
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if err := sim.WriteCSV(f, results); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return writeTo(path, stdout, func(w io.Writer) error { return sim.WriteCSV(w, results) })
 }

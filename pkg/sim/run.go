@@ -171,21 +171,36 @@ func (t *Trace) nodeOrder(seed uint64) []int {
 	return rng.Perm(len(t.Nodes))
 }
 
-// Run replays the trace once.
-func (t *Trace) Run(cfg config.AllocatorConfig, o RunOptions) (*Result, error) {
-	cfg.Policy = o.Policy
-	// Comparability with the paper: memory follows gpu_milli, no oversubscription.
-	cfg.MemoryOversubscription = 1.0
+// replayOversubscription is the GPU memory oversubscription of every replay:
+// none, as in the paper, where memory follows gpu_milli.
+const replayOversubscription = 1.0
+
+// cluster is an empty cluster for one replay: the allocator of policy,
+// with memory following gpu_milli and no oversubscription (comparability
+// with the paper), and the nodes in the seed's order (order[i] is node i's
+// position in the trace's list).
+func (t *Trace) cluster(cfg config.AllocatorConfig, policy config.Policy, seed uint64) (*allocator.Allocator, []*allocator.Node, []int, error) {
+	cfg.Policy = policy
+	cfg.MemoryOversubscription = replayOversubscription
 	a, err := allocator.New(&cfg, t.workload)
 	if err != nil {
-		return nil, err
+		return nil, nil, nil, err
 	}
-	order := t.nodeOrder(o.Seed)
+	order := t.nodeOrder(seed)
 	nodes := make([]*allocator.Node, len(order))
 	for i, k := range order {
 		if nodes[i], err = allocator.NewNode(t.Nodes[k].Inventory()); err != nil {
-			return nil, err
+			return nil, nil, nil, err
 		}
+	}
+	return a, nodes, order, nil
+}
+
+// Run replays the trace once.
+func (t *Trace) Run(cfg config.AllocatorConfig, o RunOptions) (*Result, error) {
+	a, nodes, order, err := t.cluster(cfg, o.Policy, o.Seed)
+	if err != nil {
+		return nil, err
 	}
 	seq := t.Arrivals(o.Seed, o.Tune)
 	res := &Result{Workload: t.Name, Policy: o.Policy, Seed: o.Seed, Tune: o.Tune, GPUs: t.gpus, Pods: len(seq)}
@@ -263,7 +278,7 @@ func (t *Trace) Run(cfg config.AllocatorConfig, o RunOptions) (*Result, error) {
 		}
 	}
 	res.Final = 100 * float64(allocated) / capacity
-	res.Fragmentation = t.fragmentation(nodes, seq, cfg.MemoryOversubscription)
+	res.Fragmentation = t.fragmentation(nodes, seq, replayOversubscription)
 	return res, nil
 }
 

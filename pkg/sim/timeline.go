@@ -121,18 +121,9 @@ func (t *Trace) Timeline(cfg config.AllocatorConfig, o TimelineOptions) (*Timeli
 	if err != nil {
 		return nil, err
 	}
-	cfg.Policy = o.Policy
-	cfg.MemoryOversubscription = 1.0 // as Run: memory follows gpu_milli
-	a, err := allocator.New(&cfg, t.workload)
+	a, nodes, _, err := t.cluster(cfg, o.Policy, o.Seed)
 	if err != nil {
 		return nil, err
-	}
-	order := t.nodeOrder(o.Seed)
-	nodes := make([]*allocator.Node, len(order))
-	for i, k := range order {
-		if nodes[i], err = allocator.NewNode(t.Nodes[k].Inventory()); err != nil {
-			return nil, err
-		}
 	}
 	cache := allocator.NewCache(a, nodes)
 	res := &TimelineResult{Workload: t.Name, Policy: o.Policy, Seed: o.Seed, Speedup: o.Speedup, GPUs: t.gpus, Pods: len(arrivals)}
@@ -179,7 +170,7 @@ func (t *Trace) Timeline(cfg config.AllocatorConfig, o TimelineOptions) (*Timeli
 			res.Times = append(res.Times, sampleAt(nextS))
 			res.Allocation = append(res.Allocation, 100*float64(allocated)/capacity)
 			res.Queue = append(res.Queue, len(queue))
-			fragSum += 100 * allocator.MeasureFragmentation(nodes, t.workload, cfg.MemoryOversubscription).Ratio()
+			fragSum += 100 * allocator.MeasureFragmentation(nodes, t.workload, replayOversubscription).Ratio()
 			nextS++
 		}
 		from, to := max(lastT, start), min(now, end)
