@@ -160,10 +160,10 @@ func newSimCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 				return exitError
 			}
 
-			if *timeline {
-				return runTimeline(trace, cfg, policies, seeds, *speedup, *out, *plotPath, newProgressBar(stderr, *progress, len(policies)*len(seeds)), stdout, stderr)
-			}
 			bar := newProgressBar(stderr, *progress, len(policies)*len(seeds))
+			if *timeline {
+				return runTimeline(trace, cfg, policies, seeds, *speedup, *out, *plotPath, bar, stdout, stderr)
+			}
 			results, err := replayAll(policies, seeds, bar, func(pol config.Policy, seed uint64, progress func(done, total int)) (*sim.Result, error) {
 				return trace.Run(cfg.Allocator, sim.RunOptions{Policy: pol, Seed: seed, Tune: *tune, Plain: *plain, Progress: progress})
 			})
@@ -173,7 +173,7 @@ func newSimCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 			}
 
 			if *out != "" {
-				if err := writeCSV(*out, stdout, results); err != nil {
+				if err := writeTo(*out, stdout, func(w io.Writer) error { return sim.WriteCSV(w, results) }); err != nil {
 					fmt.Fprintf(stderr, "tessera sim: %v\n", err)
 					return exitError
 				}
@@ -234,8 +234,7 @@ func runTimeline(trace *sim.Trace, cfg *config.Configuration, policies []config.
 	}
 	summaryOut := stdout
 	if out != "" {
-		write := func(w io.Writer) error { return sim.WriteTimelineCSV(w, results) }
-		if err := writeTo(out, stdout, write); err != nil {
+		if err := writeTo(out, stdout, func(w io.Writer) error { return sim.WriteTimelineCSV(w, results) }); err != nil {
 			fmt.Fprintf(stderr, "tessera sim: %v\n", err)
 			return exitError
 		}
@@ -295,8 +294,4 @@ func writeTo(path string, stdout io.Writer, write func(io.Writer) error) error {
 func workloadName(path string) string {
 	base := strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
 	return strings.TrimPrefix(base, "openb_pod_list_")
-}
-
-func writeCSV(path string, stdout io.Writer, results []*sim.Result) error {
-	return writeTo(path, stdout, func(w io.Writer) error { return sim.WriteCSV(w, results) })
 }

@@ -4,7 +4,8 @@
 // (nodepreempt), refused pods (refusal), the metrics sampler, the slice
 // adjuster, and the inventory it builds and publish keeps on the Node. Each
 // part is its own package with its own tests; this one connects them and
-// records their events.//
+// records their events.
+//
 // One GPU container's road, from kubelet's Allocate to its CDI spec and its
 // limits:
 //
@@ -268,7 +269,8 @@ func New(opts Options) (*Agent, error) {
 	// The plugin takes the slots the Publisher publishes; it is made next.
 	a.pub = publish.New(publish.Config{Node: opts.Node, Client: opts.Client, Build: a.Inventory,
 		SetSlots: func(s []deviceplugin.GPUSlots) { a.plugin.SetGPUs(s) }, Event: a.event})
-	a.refused = refusal.New(refusal.Config{Node: opts.Node, Client: opts.Client, NodePods: opts.NodePods, Grace: opts.RefusedGrace, Now: opts.Now, Event: a.eventOn})
+	a.refused = refusal.New(refusal.Config{Node: opts.Node, Client: opts.Client, NodePods: opts.NodePods, Grace: opts.RefusedGrace, Now: opts.Now,
+		NodeEvent: a.event, PodEvent: a.podEvent})
 	var noticeDir deviceplugin.NoticeDir
 	if opts.NoticeRoot != "" {
 		noticeDir = a.preempt.NoticeDir
@@ -540,7 +542,7 @@ func (a *Agent) reportAssignmentChanges(ctx context.Context) {
 			}
 			klog.FromContext(ctx).Error(nil, "A bound pod's GPU assignment was "+now+" after binding; the agent keeps the first",
 				"pod", klog.KObj(ch.Pod), "first", ch.First, "now", ch.Now)
-			a.eventOn(ctx, podRef(ch.Pod.Namespace, ch.Pod.Name, ch.Pod.UID), v1.EventTypeWarning, "GPUAssignmentChanged",
+			a.podEvent(ctx, ch.Pod.Namespace, ch.Pod.Name, ch.Pod.UID, v1.EventTypeWarning, "GPUAssignmentChanged",
 				fmt.Sprintf("annotation %s was %s after the pod was bound; it keeps the GPUs it was first assigned", gpu.AnnotationAssignment, now))
 		}
 	}

@@ -50,9 +50,9 @@ func (a *Agent) event(ctx context.Context, eventType, reason, note string) {
 	a.eventOn(ctx, &v1.ObjectReference{Kind: "Node", Name: a.opts.Node, UID: types.UID(a.opts.Node)}, eventType, reason, note)
 }
 
-// podRef is the reference of a pod's events.
-func podRef(namespace, name string, uid types.UID) *v1.ObjectReference {
-	return &v1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: namespace, Name: name, UID: uid}
+// podEvent records an event on a pod.
+func (a *Agent) podEvent(ctx context.Context, namespace, name string, uid types.UID, eventType, reason, note string) {
+	a.eventOn(ctx, &v1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: namespace, Name: name, UID: uid}, eventType, reason, note)
 }
 
 // cutNote cuts a note longer than maxNote at a rune boundary, marking the

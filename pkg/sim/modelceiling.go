@@ -82,15 +82,24 @@ type item struct {
 	perNodeGPUs int // the GPUs a node needs to hold it
 }
 
+// value is what placing one item allocates, in milli-GPUs.
+func (it item) value() float64 {
+	if it.sharing {
+		return float64(it.milli)
+	}
+	return float64(it.gpus) * gpu.CoresPerGPU
+}
+
 func (it item) allowed(nt nodeType) bool {
 	return it.perNodeGPUs <= nt.gpus && (len(it.models) == 0 || slices.Contains(it.models, nt.model))
 }
 
 // pattern is one GPU of a node type packed with sharing items: how many
-// of each.
+// of each, by item index (a slice, so that sums over it run in one order
+// and the relaxation comes out the same every run).
 type pattern struct {
 	k     int
-	count map[int]int // item → how many
+	count []int
 }
 
 // placementBound bounds from above, in milli-GPUs, the allocation of any
@@ -153,7 +162,9 @@ func placementBound(nodes []NodeSpec, pods []PodSpec, listed []int) (float64, in
 	for k, nt := range types {
 		for s, it := range items {
 			if it.sharing && it.allowed(nt) {
-				patterns = append(patterns, pattern{k: k, count: map[int]int{s: int(min(it.count, float64(gpu.CoresPerGPU/it.milli)))}})
+				p := pattern{k: k, count: make([]int, len(items))}
+				p.count[s] = int(min(it.count, float64(gpu.CoresPerGPU/it.milli)))
+				patterns = append(patterns, p)
 			}
 		}
 	}
@@ -183,11 +194,9 @@ type prices struct {
 // allowed whole-pod column) and returns its dual prices per unit.
 func masterDuals(types []nodeType, items []item, patterns []pattern) (prices, error) {
 	nItems, nTypes := len(items), len(types)
+	// Rows, each scaled to a right-hand side of 1: one per item's count,
+	// then per type its GPUs, CPU and memory.
 	rows := nItems + 3*nTypes
-	var cols [][]float64
-	var value []float64
-	col := func() []float64 { return make([]float64, rows) }
-	// Rows are scaled to a right-hand side of 1.
 	gpuRow := func(k int) int { return nItems + 3*k }
 	totalGPUs := func(k int) float64 { return float64(types[k].count * types[k].gpus) }
 	totalCPU := func(k int) float64 { return float64(types[k].cpu) * float64(types[k].count) }
@@ -201,42 +210,43 @@ func masterDuals(types []nodeType, items []item, patterns []pattern) (prices, er
 		}
 		return need / have
 	}
-	for _, p := range patterns {
-		c := col()
-		var v, cpu, mem float64
+	type wholeColumn struct{ s, k int }
+	var whole []wholeColumn
+	for s, it := range items {
+		for k, nt := range types {
+			if !it.sharing && it.allowed(nt) {
+				whole = append(whole, wholeColumn{s, k})
+			}
+		}
+	}
+	cols := len(patterns) + len(whole)
+	A := make([][]float64, rows)
+	for r := range A {
+		A[r] = make([]float64, cols)
+	}
+	value := make([]float64, cols)
+	for j, p := range patterns {
+		var cpu, mem float64
 		for s, n := range p.count {
-			c[s] = float64(n) / items[s].count
-			v += float64(n) * float64(items[s].milli)
+			if n == 0 {
+				continue
+			}
+			A[s][j] = float64(n) / items[s].count
+			value[j] += float64(n) * items[s].value()
 			cpu += float64(n) * items[s].cpu
 			mem += float64(n) * items[s].mem
 		}
-		c[gpuRow(p.k)] = 1 / totalGPUs(p.k)
-		c[gpuRow(p.k)+1] = capped(cpu, totalCPU(p.k))
-		c[gpuRow(p.k)+2] = capped(mem, totalMem(p.k))
-		cols, value = append(cols, c), append(value, v)
+		A[gpuRow(p.k)][j] = 1 / totalGPUs(p.k)
+		A[gpuRow(p.k)+1][j] = capped(cpu, totalCPU(p.k))
+		A[gpuRow(p.k)+2][j] = capped(mem, totalMem(p.k))
 	}
-	for s, it := range items {
-		if it.sharing {
-			continue
-		}
-		for k, nt := range types {
-			if !it.allowed(nt) {
-				continue
-			}
-			c := col()
-			c[s] = 1 / it.count
-			c[gpuRow(k)] = float64(it.gpus) / totalGPUs(k)
-			c[gpuRow(k)+1] = capped(it.cpu, totalCPU(k))
-			c[gpuRow(k)+2] = capped(it.mem, totalMem(k))
-			cols, value = append(cols, c), append(value, float64(it.gpus)*gpu.CoresPerGPU)
-		}
-	}
-	A := make([][]float64, rows)
-	for r := range A {
-		A[r] = make([]float64, len(cols))
-		for j, c := range cols {
-			A[r][j] = c[r]
-		}
+	for i, w := range whole {
+		j, it := len(patterns)+i, items[w.s]
+		A[w.s][j] = 1 / it.count
+		A[gpuRow(w.k)][j] = float64(it.gpus) / totalGPUs(w.k)
+		A[gpuRow(w.k)+1][j] = capped(it.cpu, totalCPU(w.k))
+		A[gpuRow(w.k)+2][j] = capped(it.mem, totalMem(w.k))
+		value[j] = it.value()
 	}
 	b := make([]float64, rows)
 	for r := range b {
@@ -262,6 +272,13 @@ func masterDuals(types []nodeType, items []item, patterns []pattern) (prices, er
 	return pr, nil
 }
 
+// net is what placing one item of s on a node of type k gains at the
+// prices: its value less the prices of its count, CPU and memory.
+func (pr prices) net(items []item, s, k int) float64 {
+	it := items[s]
+	return it.value() - pr.item[s] - pr.cpu[k]*it.cpu - pr.mem[k]*it.mem
+}
+
 // priceOut is the Lagrangian bound at the prices — the count, CPU and
 // memory rows priced, each type's GPUs each filled with the best pattern
 // or whole pod at those prices, or left empty — and adds to patterns each
@@ -275,26 +292,22 @@ func priceOut(types []nodeType, items []item, pr prices, patterns *[]pattern) (f
 	for k, nt := range types {
 		bound += pr.cpu[k]*float64(nt.cpu)*float64(nt.count) + pr.mem[k]*float64(nt.mem)*float64(nt.count)
 		// A GPU's best use at these prices, per GPU.
-		net := func(s int) float64 {
-			it := items[s]
-			return float64(it.milli) - pr.item[s] - pr.cpu[k]*it.cpu - pr.mem[k]*it.mem
-		}
+		net := func(s int) float64 { return pr.net(items, s, k) }
 		perGPU := 0.0
-		for s, it := range items {
-			if !it.sharing && it.allowed(nt) {
-				perGPU = max(perGPU, (float64(it.gpus)*gpu.CoresPerGPU-pr.item[s]-pr.cpu[k]*it.cpu-pr.mem[k]*it.mem)/float64(it.gpus))
-			}
-		}
 		var cand []int
 		for s, it := range items {
-			if it.sharing && it.allowed(nt) && net(s) > 0 {
+			switch {
+			case !it.allowed(nt):
+			case !it.sharing:
+				perGPU = max(perGPU, net(s)/float64(it.gpus))
+			case net(s) > 0:
 				cand = append(cand, s)
 			}
 		}
 		best, packed := packOneGPU(items, cand, net)
 		perGPU = max(perGPU, best)
 		bound += perGPU * float64(nt.gpus*nt.count)
-		if best-pr.gpu[k] > 1e-6*gpu.CoresPerGPU && len(packed) > 0 {
+		if best-pr.gpu[k] > 1e-6*gpu.CoresPerGPU && len(cand) > 0 {
 			*patterns = append(*patterns, pattern{k: k, count: packed})
 			added = true
 		}
@@ -304,8 +317,8 @@ func priceOut(types []nodeType, items []item, pr prices, patterns *[]pattern) (f
 
 // packOneGPU is the bounded knapsack of one GPU: the most net value of
 // sharing items among cand (each at most its count, and as many as fit)
-// within 1000 milli-GPUs, and how many of each it takes.
-func packOneGPU(items []item, cand []int, net func(int) float64) (float64, map[int]int) {
+// within 1000 milli-GPUs, and how many of each it takes (by item index).
+func packOneGPU(items []item, cand []int, net func(int) float64) (float64, []int) {
 	const capacity = gpu.CoresPerGPU
 	// Each item is split into binary bundles (1, 2, 4, … copies), then a
 	// 0/1 knapsack over milli-GPU with the choices kept to rebuild the
@@ -334,7 +347,7 @@ func packOneGPU(items []item, cand []int, net func(int) float64) (float64, map[i
 			}
 		}
 	}
-	packed := map[int]int{}
+	packed := make([]int, len(items))
 	w := capacity
 	for i := len(bundles) - 1; i >= 0; i-- {
 		if took[i][w] {

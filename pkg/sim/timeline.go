@@ -194,7 +194,10 @@ func (t *Trace) Timeline(cfg config.AllocatorConfig, o TimelineOptions) (*Timeli
 			// does not fit there is not tried again in this pass (the node
 			// only fills).
 			one[0] = nodes[run.node]
-			refused := map[int]bool{}
+			var refused map[int]bool
+			if len(queue) > 0 {
+				refused = map[int]bool{}
+			}
 			kept := queue[:0]
 			for _, w := range queue {
 				shape := t.shapeOf[w.pod]
@@ -227,6 +230,9 @@ func (t *Trace) Timeline(cfg config.AllocatorConfig, o TimelineOptions) (*Timeli
 		if o.Progress != nil && (done%512 == 0 || done == total) {
 			o.Progress(done, total)
 		}
+	}
+	if o.Progress != nil && done < total {
+		o.Progress(total, total) // pods never placed never left
 	}
 	advance(math.Inf(1))
 	res.NeverPlaced = len(queue)

@@ -40,8 +40,9 @@ type Config struct {
 	Grace time.Duration
 	// Now is the grace's clock (time.Now when nil).
 	Now func() time.Time
-	// Event records an event about an object (the node, or a pod).
-	Event func(ctx context.Context, regarding *v1.ObjectReference, eventType, reason, note string)
+	// NodeEvent records an event on the node, PodEvent one on a pod.
+	NodeEvent func(ctx context.Context, eventType, reason, note string)
+	PodEvent  func(ctx context.Context, namespace, name string, uid types.UID, eventType, reason, note string)
 }
 
 // pod is a refused pod and the slots its containers hold.
@@ -113,10 +114,10 @@ func (t *Tracker) PreStarted(p *v1.Pod, container string, slots int, err error) 
 		return
 	}
 	ctx := context.Background()
-	t.cfg.Event(ctx, podRef(p.Namespace, p.Name, p.UID), v1.EventTypeWarning, "GPUSlotsRefused",
+	t.cfg.PodEvent(ctx, p.Namespace, p.Name, p.UID, v1.EventTypeWarning, "GPUSlotsRefused",
 		fmt.Sprintf("container %s is refused its GPUs and holds %d slot(s) of this node until the pod is deleted (by the agent %s after the first refusal): %v",
 			container, slots, t.cfg.Grace, err))
-	t.cfg.Event(ctx, t.nodeRef(), v1.EventTypeWarning, "GPUSlotsHeld",
+	t.cfg.NodeEvent(ctx, v1.EventTypeWarning, "GPUSlotsHeld",
 		fmt.Sprintf("pod %s/%s holds %d GPU slot(s) that kubelet gives to no other pod until it is deleted: its GPUs were refused", p.Namespace, p.Name, slots))
 }
 
@@ -181,8 +182,8 @@ func (t *Tracker) release(ctx context.Context, uid types.UID, r pod) {
 	}
 	logger.Info("Deleted a pod refused its GPUs past the grace; its slots are free", "pod", klog.KRef(r.namespace, r.name), "slots", held, "grace", t.cfg.Grace)
 	msg := fmt.Sprintf("pod %s/%s was refused its GPUs for %s, holding %d slot(s): deleted to free them", r.namespace, r.name, t.cfg.Grace, held)
-	t.cfg.Event(ctx, podRef(r.namespace, r.name, uid), v1.EventTypeWarning, "GPUSlotsReleased", msg)
-	t.cfg.Event(ctx, t.nodeRef(), v1.EventTypeWarning, "GPUSlotsReleased", msg)
+	t.cfg.PodEvent(ctx, r.namespace, r.name, uid, v1.EventTypeWarning, "GPUSlotsReleased", msg)
+	t.cfg.NodeEvent(ctx, v1.EventTypeWarning, "GPUSlotsReleased", msg)
 	forget()
 }
 
@@ -218,13 +219,4 @@ func (t *Tracker) heldLocked() int {
 
 func (t *Tracker) exportLocked() {
 	t.held.WithLabelValues(t.cfg.Node).Set(float64(t.heldLocked()))
-}
-
-// nodeRef is kubelet's reference to its node: the UID is the node's name.
-func (t *Tracker) nodeRef() *v1.ObjectReference {
-	return &v1.ObjectReference{Kind: "Node", Name: t.cfg.Node, UID: types.UID(t.cfg.Node)}
-}
-
-func podRef(namespace, name string, uid types.UID) *v1.ObjectReference {
-	return &v1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: namespace, Name: name, UID: uid}
 }

@@ -13,23 +13,34 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
 
-// events keeps the events a Tracker records, as "Kind/name reason: note".
+// events keeps the events a Tracker of node records, as "Kind/name
+// reason: note".
 type events struct {
-	mu  sync.Mutex
-	all []string
+	node string
+	mu   sync.Mutex
+	all  []string
 }
 
-func (e *events) record(_ context.Context, ref *v1.ObjectReference, eventType, reason, note string) {
+func (e *events) nodeEvent(_ context.Context, eventType, reason, note string) {
+	e.record("Node/"+e.node, eventType, reason, note)
+}
+
+func (e *events) podEvent(_ context.Context, _, name string, _ types.UID, eventType, reason, note string) {
+	e.record("Pod/"+name, eventType, reason, note)
+}
+
+func (e *events) record(about, eventType, reason, note string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if eventType != v1.EventTypeWarning {
 		note = "(not a warning) " + note
 	}
-	e.all = append(e.all, ref.Kind+"/"+ref.Name+" "+reason+": "+note)
+	e.all = append(e.all, about+" "+reason+": "+note)
 }
 
 // with is the events that start with prefix and contain part.
@@ -70,9 +81,9 @@ func TestRefusedPodsAreDeletedAfterTheGrace(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	ev := &events{}
+	ev := &events{node: "n8"}
 	// The informer's list lags: it still has late's first pod at the end.
-	tr := New(Config{Node: "n8", Client: client, Grace: time.Minute, Now: func() time.Time { return now }, Event: ev.record,
+	tr := New(Config{Node: "n8", Client: client, Grace: time.Minute, Now: func() time.Time { return now }, NodeEvent: ev.nodeEvent, PodEvent: ev.podEvent,
 		NodePods: func() []*v1.Pod { return []*v1.Pod{hoarder, late} }})
 	refusal := errors.New("pod lab/hoarder names spec.schedulerName \"default-scheduler\"")
 	tr.PreStarted(hoarder, "main", 31, refusal)
@@ -124,8 +135,8 @@ func TestRefusedPodsAreDeletedAfterTheGrace(t *testing.T) {
 // container gets its GPUs after all.
 func TestRefusedPodsAreReported(t *testing.T) {
 	var onNode []*v1.Pod
-	ev := &events{}
-	tr := New(Config{Node: "n9", Client: fake.NewClientset(), Event: ev.record, NodePods: func() []*v1.Pod { return onNode }})
+	ev := &events{node: "n9"}
+	tr := New(Config{Node: "n9", Client: fake.NewClientset(), NodeEvent: ev.nodeEvent, PodEvent: ev.podEvent, NodePods: func() []*v1.Pod { return onNode }})
 	if got := held(tr, "n9"); got != 0 {
 		t.Fatalf("tessera_agent_refused_slots = %v before any refusal, want 0 (exported)", got)
 	}
