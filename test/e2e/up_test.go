@@ -675,7 +675,10 @@ func TestFiftyPodsOnOneNode(t *testing.T) {
 	}
 	wg.Wait()
 	start := time.Now()
-	pods := waitRunning(t, c.Client, ns, names, 60*time.Second)
+	// The bound is generous: alone here the 50 starts take 44–59 s (each
+	// runs the MPS control program), and under make test's other packages
+	// they passed 60 s once. The test is about each pod's limits, not speed.
+	pods := waitRunning(t, c.Client, ns, names, 3*time.Minute)
 	t.Logf("50 pods Running %v after creation", time.Since(start).Round(time.Millisecond))
 	n := c.Nodes[0]
 	slots := held(t, n.PodResourcesSocket)
