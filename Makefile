@@ -12,7 +12,7 @@ OPENB ?= ../shared/traces/openb
 # deprecation warnings (about 300 lines on a cold build) say nothing about Tessera.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: demo demo-sim test race test-short rules images manifests apt-lists browser web-screenshot soak bench bench-allocate bench-sim bench-scheduler fuzz build vet fmt-check openb openb-timeline clean
+.PHONY: libtessera libtessera-test bench-libtessera c-compiler demo demo-sim test race test-short rules images manifests apt-lists browser web-screenshot soak bench bench-allocate bench-sim bench-scheduler fuzz build vet fmt-check openb openb-timeline clean
 
 ## demo: a local playground cluster (4 simulated nodes × 8 H100s) with a sample workload; prints where each pod landed.
 demo:
@@ -24,9 +24,32 @@ demo-sim:
 	$(GO) run ./cmd/tessera sim --seeds 42-46
 
 ## test: every test of the repository (vet, formatting and the Prometheus rules first); the openb replays need ../shared.
-test: vet fmt-check rules apt-lists browser bin/prometheus bin/kube-state-metrics
+test: vet fmt-check rules libtessera-test apt-lists browser bin/prometheus bin/kube-state-metrics
 	$(GO) test -count=1 -timeout 30m ./...
 	@$(MAKE) --no-print-directory race
+
+## libtessera: the preload library the agent puts in time-sliced GPU containers (libtessera/out/libtessera.so; Debian's C compiler).
+libtessera: c-compiler
+	$(MAKE) --no-print-directory -C libtessera
+
+## libtessera-test: the library's tests against its fake driver, plain, under AddressSanitizer and under ThreadSanitizer; part of make test.
+libtessera-test: c-compiler
+	$(MAKE) --no-print-directory -C libtessera test
+
+## bench-libtessera: the library's cost per allocation and per launch against the fake driver alone.
+bench-libtessera: c-compiler
+	$(MAKE) --no-print-directory -C libtessera bench
+
+# The library and its sanitizer builds need a C compiler with the
+# sanitizer runtimes; make installs Debian's when missing, as root only.
+CC_WORKS = echo 'int main(void){return 0;}' | cc -x c -o /dev/null -
+c-compiler:
+	@if ! { $(CC_WORKS) -fsanitize=address,undefined && $(CC_WORKS) -fsanitize=thread; } 2>/dev/null; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing Debian's C compiler and sanitizer runtimes (for libtessera)"; \
+			(ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1 || apt-get update -qq) && \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev libasan8 libubsan1 libtsan2 >/dev/null; \
+		else echo "libtessera needs a C compiler with AddressSanitizer and ThreadSanitizer (Debian: apt-get install gcc libasan8 libubsan1 libtsan2)"; exit 1; fi; fi
 
 ## race: the tests of the packages where goroutines meet (scheduler, agent, preemption, playground) under the race detector; part of make test.
 RACE_PKGS = ./pkg/scheduler/... ./pkg/agent/... ./pkg/preemption/... ./pkg/playground/...
@@ -152,4 +175,4 @@ fuzz:
 	done
 
 clean:
-	rm -rf bin out
+	rm -rf bin out libtessera/out
