@@ -46,6 +46,13 @@ const (
 	// this tenant's grant, so it holds against a tenant that clears its own
 	// variables.
 	MechanismMPSServer Mechanism = "mps-server"
+	// MechanismShim: libtessera, loaded into the tenant's container through
+	// a read-only /etc/ld.so.preload: it counts every allocation of CUDA's
+	// driver API against the grant and throttles kernel launches to the
+	// share. It holds against a tenant that clears its variables or
+	// unsets LD_PRELOAD; not against one that goes around CUDA's driver
+	// API (libtessera/README.md lists what it cannot stop).
+	MechanismShim Mechanism = "shim"
 	// MechanismMPSClient: the tenant's own CUDA_MPS_* variables. They hold
 	// for cooperating clients only: a tenant that clears them gets the
 	// server's limit, the largest grant among the GPU's tenants.
@@ -55,9 +62,11 @@ const (
 )
 
 // Enforced says whether the mechanism holds against a tenant that does not
-// cooperate.
+// cooperate: one that clears the variables it was given. The shim is
+// enforced in that sense; only the kernel holds a tenant that bypasses
+// CUDA's driver API, which is why memory-hard asks for the kernel.
 func (m Mechanism) Enforced() bool {
-	return m == MechanismDevice || m == MechanismKernel || m == MechanismMPSServer
+	return m == MechanismDevice || m == MechanismKernel || m == MechanismMPSServer || m == MechanismShim
 }
 
 // IsolationOffer is what a GPU's driver offers to hold slices, as the agent
@@ -73,6 +82,10 @@ type IsolationOffer struct {
 	// TimeSliceClasses: the driver's time-slice length can be set
 	// (nvidia-smi compute-policy).
 	TimeSliceClasses bool `json:"timeSliceClasses,omitempty"`
+	// Shim: the agent puts libtessera into the containers of slices
+	// nothing stronger holds (time-sliced slices, MPS slices connected
+	// under server limits above their grant).
+	Shim bool `json:"shim,omitempty"`
 	// Why says, for each mechanism not offered, what the agent found, for
 	// operators (for example "NVML: Not Supported").
 	Why string `json:"why,omitempty"`
@@ -113,21 +126,32 @@ func MPSServerLimitsFor(grants []GPUGrant) MPSServerLimits {
 
 // GuaranteeOf is what holds a slice given the GPU's offer: mode is the
 // slice's sharing mode, grant what it got on the GPU, and server the MPS
-// server limits in force on the GPU (used for MPS slices only).
+// server limits in force on the GPU (used for MPS slices only). Each
+// dimension gets the strongest mechanism offered: the kernel's memory
+// limit, else the shim, for time-sliced memory; the shim for time-sliced
+// compute; the MPS server's limits where they are the grant, else the
+// shim for MPS memory (MPS's own thread percentage, mps-client, for
+// compute: the shim does not throttle MPS clients).
 //
 // Memory on MPS slices is not claimed as kernel-enforced even where the
 // kernel limit is offered and set: MPS clients' memory may be charged to
 // the server's cgroup rather than the client's, and until a GPU check has
 // measured which, Tessera claims only what MPS itself holds.
 func GuaranteeOf(mode SharingMode, grant GPUGrant, offer IsolationOffer, server MPSServerLimits) Guarantee {
+	shimOr := func(m Mechanism) Mechanism {
+		if offer.Shim {
+			return MechanismShim
+		}
+		return m
+	}
 	switch mode {
 	case ModeExclusive:
 		return Guarantee{Memory: MechanismDevice, Compute: MechanismDevice}
 	case ModeMPS:
-		g := Guarantee{Memory: MechanismMPSClient, Compute: MechanismMPSClient}
 		if !offer.MPSLimits {
-			return Guarantee{Memory: MechanismNone, Compute: MechanismNone}
+			return Guarantee{Memory: shimOr(MechanismNone), Compute: MechanismNone}
 		}
+		g := Guarantee{Memory: shimOr(MechanismMPSClient), Compute: MechanismMPSClient}
 		if server.MemoryMiB > 0 && server.MemoryMiB <= grant.MemoryMiB {
 			g.Memory = MechanismMPSServer
 		}
@@ -136,13 +160,24 @@ func GuaranteeOf(mode SharingMode, grant GPUGrant, offer IsolationOffer, server 
 		}
 		return g
 	case ModeTimeSlicing:
-		g := Guarantee{Memory: MechanismNone, Compute: MechanismNone}
+		g := Guarantee{Memory: shimOr(MechanismNone), Compute: shimOr(MechanismNone)}
 		if offer.KernelMemoryLimits {
 			g.Memory = MechanismKernel
 		}
 		return g
 	}
 	return Guarantee{Memory: MechanismNone, Compute: MechanismNone}
+}
+
+// NeedsShim says whether any of a container's slices is held by the shim:
+// then the agent loads libtessera into it.
+func NeedsShim(gs []Guarantee) bool {
+	for _, g := range gs {
+		if g.Memory == MechanismShim || g.Compute == MechanismShim {
+			return true
+		}
+	}
+	return false
 }
 
 // ConditionIsolation is the type of the pod condition in which the node
@@ -211,7 +246,7 @@ func ParseSliceGuarantees(s string) ([]SliceGuarantee, error) {
 
 func (m Mechanism) known() bool {
 	switch m {
-	case MechanismDevice, MechanismKernel, MechanismMPSServer, MechanismMPSClient, MechanismNone:
+	case MechanismDevice, MechanismKernel, MechanismMPSServer, MechanismShim, MechanismMPSClient, MechanismNone:
 		return true
 	}
 	return false

@@ -6,6 +6,9 @@ func TestGuaranteeOf(t *testing.T) {
 	none := IsolationOffer{}
 	kernel := IsolationOffer{KernelMemoryLimits: true}
 	mps := IsolationOffer{MPSLimits: true, KernelMemoryLimits: true}
+	shim := IsolationOffer{Shim: true}
+	kernelShim := IsolationOffer{KernelMemoryLimits: true, Shim: true}
+	mpsShim := IsolationOffer{MPSLimits: true, Shim: true}
 	small := GPUGrant{MemoryMiB: 8192, CoresPerMille: 200}
 	big := GPUGrant{MemoryMiB: 32768, CoresPerMille: 600}
 	tests := []struct {
@@ -23,6 +26,12 @@ func TestGuaranteeOf(t *testing.T) {
 		{"MPS, a bigger tenant raised the server's limit", ModeMPS, small, mps, MPSServerLimitsFor([]GPUGrant{small, big}), Guarantee{MechanismMPSClient, MechanismMPSClient}},
 		{"MPS, equal tenants", ModeMPS, small, mps, MPSServerLimitsFor([]GPUGrant{small, small}), Guarantee{MechanismMPSServer, MechanismMPSServer}},
 		{"MPS without a daemon the agent limits", ModeMPS, small, kernel, MPSServerLimits{ThreadPercent: 20, MemoryMiB: 8192}, Guarantee{MechanismNone, MechanismNone}},
+		{"whole GPU with the shim offered: no shim", ModeExclusive, GPUGrant{MemoryMiB: 81920, CoresPerMille: 1000}, shim, MPSServerLimits{}, Guarantee{MechanismDevice, MechanismDevice}},
+		{"time-sliced, no kernel limits, shim (R580)", ModeTimeSlicing, small, shim, MPSServerLimits{}, Guarantee{MechanismShim, MechanismShim}},
+		{"time-sliced, kernel limits and shim: the kernel holds memory", ModeTimeSlicing, small, kernelShim, MPSServerLimits{}, Guarantee{MechanismKernel, MechanismShim}},
+		{"MPS, server limit above the grant, shim: memory by the shim", ModeMPS, small, mpsShim, MPSServerLimitsFor([]GPUGrant{small, big}), Guarantee{MechanismShim, MechanismMPSClient}},
+		{"MPS, server limit is the grant, shim offered: the server", ModeMPS, big, mpsShim, MPSServerLimitsFor([]GPUGrant{small, big}), Guarantee{MechanismMPSServer, MechanismMPSServer}},
+		{"MPS without daemon limits, shim: memory by the shim", ModeMPS, small, shim, MPSServerLimits{ThreadPercent: 20, MemoryMiB: 8192}, Guarantee{MechanismShim, MechanismNone}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -45,9 +54,25 @@ func TestMPSServerLimitsFor(t *testing.T) {
 }
 
 func TestMechanismEnforced(t *testing.T) {
-	for m, want := range map[Mechanism]bool{MechanismDevice: true, MechanismKernel: true, MechanismMPSServer: true, MechanismMPSClient: false, MechanismNone: false} {
+	for m, want := range map[Mechanism]bool{MechanismDevice: true, MechanismKernel: true, MechanismMPSServer: true, MechanismShim: true, MechanismMPSClient: false, MechanismNone: false} {
 		if m.Enforced() != want {
 			t.Errorf("%s.Enforced() = %v, want %v", m, !want, want)
+		}
+	}
+}
+
+func TestNeedsShim(t *testing.T) {
+	for _, tt := range []struct {
+		gs   []Guarantee
+		want bool
+	}{
+		{nil, false},
+		{[]Guarantee{{MechanismKernel, MechanismNone}, {MechanismDevice, MechanismDevice}}, false},
+		{[]Guarantee{{MechanismKernel, MechanismShim}}, true},
+		{[]Guarantee{{MechanismDevice, MechanismDevice}, {MechanismShim, MechanismMPSClient}}, true},
+	} {
+		if got := NeedsShim(tt.gs); got != tt.want {
+			t.Errorf("NeedsShim(%v) = %v, want %v", tt.gs, got, tt.want)
 		}
 	}
 }
