@@ -32,6 +32,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent/mps"
 	"github.com/tessera-gpu/tessera/pkg/agent/nodepods"
 	"github.com/tessera-gpu/tessera/pkg/agent/refusal"
+	"github.com/tessera-gpu/tessera/pkg/agent/shim"
 	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
 	"github.com/tessera-gpu/tessera/pkg/agentendpoint"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
@@ -80,6 +81,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		namespace    = fs.String("namespace", envOr("POD_NAMESPACE", agentendpoint.Namespace), "the namespace of the agent's heartbeat Lease (default $POD_NAMESPACE, else tessera-system)")
 		hostRoot     = fs.String("host-root", "/", "the host's file system as the agent sees it (its /proc with hostPID, /sys, kubelet's directories): tessera doctor's node checks run there at start and on GET /doctor (empty: off)")
 		cdiHook      = fs.String("cdi-hook", "", "nvidia-cdi-hook on the host (the NVIDIA container toolkit's default, /usr/bin/nvidia-cdi-hook, when empty)")
+		shimDir      = fs.String("shim-dir", "/run/tessera/shim", "on the host, where the agent keeps libtessera and each container's limits, mounted into the containers of slices it holds (empty: it is put in no container, and those slices are accounted only)")
+		shimLibrary  = fs.String("shim-library", shim.DefaultLibrary, "libtessera as the agent's image has it, copied into --shim-dir at start")
 		refusedGrace = fs.Duration("refused-grace", refusal.DefaultGrace, "how long a pod refused its GPUs (no Tessera assignment, another scheduler's, or one the node cannot honour) may hold its slots before the agent deletes it")
 	)
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
@@ -149,7 +152,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		Holder: deviceplugin.PodResourcesHolder{Client: podresourcesapi.NewPodResourcesListerClient(conn)},
 		Pods:   nodePods.Get, CDIDir: *cdiDir, ProcRoot: *procRoot, NodePods: nodePods.List, AssignmentChanges: nodePods.Changes, NoticeRoot: *noticeRoot,
 		NvidiaSMI: *nvidiaSMI, CgroupRoot: *cgroupRoot, DriverRoot: *driverRoot, CDIHookPath: *cdiHook, Namespace: *namespace, HostRoot: *hostRoot,
-		RefusedGrace: *refusedGrace,
+		RefusedGrace: *refusedGrace, ShimRoot: *shimDir, ShimLibrary: *shimLibrary,
 	})
 	switch {
 	case errors.Is(err, nvml.ErrNoDriver):

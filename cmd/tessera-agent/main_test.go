@@ -120,7 +120,8 @@ func TestChartArgsAreTheAgents(t *testing.T) {
 	// as the chart's extraArgs rely on).
 	local := []string{"--node", "n1", "--kubeconfig", kc, "--metrics-addr", "127.0.0.1:0", "--cgroup-root=", "--driver-root=",
 		"--device-plugin-dir", dir, "--pod-resources-socket", filepath.Join(dir, "pr.sock"), "--cdi-dir", filepath.Join(dir, "cdi"),
-		"--mps-root", filepath.Join(dir, "mps"), "--preemption-dir", filepath.Join(dir, "preemption"), "--host-root="}
+		"--mps-root", filepath.Join(dir, "mps"), "--preemption-dir", filepath.Join(dir, "preemption"), "--host-root=",
+		"--shim-dir", filepath.Join(dir, "shim")}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	var errOut bytes.Buffer

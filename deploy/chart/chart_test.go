@@ -250,6 +250,19 @@ agent: {refusedGrace: 90s}`, Operator, func(t *testing.T, objs []*unstructured.U
 				t.Errorf("agent args %v lack --refused-grace=90s", args)
 			}
 		}},
+		{"no libtessera", "agent: {shim: false}", Operator, func(t *testing.T, objs []*unstructured.Unstructured) {
+			ds := find(t, objs, "DaemonSet", "tessera-agent")
+			args := container(t, ds)["args"].([]any)
+			if !slices.Contains(args, any("--shim-dir=")) {
+				t.Errorf("agent args %v lack an empty --shim-dir=", args)
+			}
+			vols, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "volumes")
+			for _, v := range vols {
+				if v.(map[string]any)["name"] == "shim" {
+					t.Errorf("the agent still mounts the shim directory: %v", v)
+				}
+			}
+		}},
 		{"kube-prometheus-stack's selectors", `monitoring:
   serviceMonitor: {interval: 1d, labels: {release: kps}, annotations: {team: sre}}
   rules: {labels: {release: kps}, annotations: {team: sre}}`, Operator, func(t *testing.T, objs []*unstructured.Unstructured) {

@@ -93,6 +93,18 @@ int main(int argc, char **argv)
 		CHECK(cuMemAlloc_v2(&p, 2 * MiB) == CUDA_ERROR_OUT_OF_MEMORY, "the grant did not hold with %s set", getenv("CUDA_DISABLE_CONTROL") ? "CUDA_DISABLE_CONTROL" : "the variables");
 		return done("limits: CUDA_DISABLE_CONTROL, TESSERA_* and an emptied LD_PRELOAD change nothing");
 	}
+	if (strcmp(c, "report") == 0) {
+		/* What the library makes of the limits file it is given (the
+		 * agent's contract test): GPU 0's total, and an allocation that
+		 * fits (the file was not refused). */
+		on_device(0);
+		size_t f, t;
+		CU(cuMemGetInfo_v2(&f, &t));
+		CUdeviceptr p;
+		CU(cuMemAlloc_v2(&p, 1 << 20));
+		printf("total %zu\n", t);
+		return failures ? 1 : 0;
+	}
 	fprintf(stderr, "limits: unknown case %s\n", c);
 	return 2;
 }

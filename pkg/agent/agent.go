@@ -63,6 +63,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent/publish"
 	"github.com/tessera-gpu/tessera/pkg/agent/reclaim"
 	"github.com/tessera-gpu/tessera/pkg/agent/refusal"
+	"github.com/tessera-gpu/tessera/pkg/agent/shim"
 	"github.com/tessera-gpu/tessera/pkg/agent/tenants"
 	"github.com/tessera-gpu/tessera/pkg/agent/timeslice"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
@@ -131,6 +132,13 @@ type Options struct {
 	// CDIHookPath is nvidia-cdi-hook on the host (nvcdi's default when
 	// empty).
 	CDIHookPath string
+	// ShimRoot is the host directory where the agent keeps libtessera and
+	// each container's limits (/run/tessera/shim on a node); ShimLibrary is
+	// the library to put there (shim.DefaultLibrary when empty). Empty
+	// ShimRoot puts the library in no container: slices it would hold are
+	// then accounted only, and the inventory says why.
+	ShimRoot    string
+	ShimLibrary string
 	// IsolationEvery is how often kernel memory limits and MPS server
 	// limits follow the GPUs' tenants (10 s when zero).
 	IsolationEvery time.Duration
@@ -196,6 +204,10 @@ type Agent struct {
 
 	// enforcer holds tenants to their slices (package isolation).
 	enforcer *isolation.Enforcer
+	// shim puts libtessera into containers (nil: it is not offered, and
+	// noShim says why).
+	shim   *shim.Dir
+	noShim error
 }
 
 // New opens NVML and reads the GPUs. Without a driver it fails with
@@ -264,6 +276,10 @@ func New(opts Options) (*Agent, error) {
 		a.timeSlices = timeslice.NewController(setter, shared, labels, a.event)
 		a.register(a.timeSlices.Collectors()...)
 	}
+	a.shim, a.noShim = installShim(opts)
+	if a.noShim != nil && opts.ShimRoot != "" {
+		klog.Background().Error(a.noShim, "libtessera is not offered: slices only it would hold are accounted, not held", "shimDir", opts.ShimRoot)
+	}
 	a.enforcer = a.newEnforcer()
 	a.preempt = a.newPreemptor()
 	// The plugin takes the slots the Publisher publishes; it is made next.
@@ -276,7 +292,7 @@ func New(opts Options) (*Agent, error) {
 		noticeDir = a.preempt.NoticeDir
 	}
 	dpc := deviceplugin.Config{Node: opts.Node, SchedulerNames: opts.SchedulerNames, Holder: opts.Holder, Pods: opts.Pods, PipeDir: pipe, CDIDir: opts.CDIDir, NoticeDir: noticeDir,
-		Reporter: a.refused}
+		Reporter: a.refused, Shim: a.shim}
 	if a.gpus != nil {
 		dpc.Enforcer = a.enforcer
 	}
@@ -314,11 +330,24 @@ func New(opts Options) (*Agent, error) {
 // time-slicing, events and inventory.
 func (a *Agent) newEnforcer() *isolation.Enforcer {
 	cfg := isolation.Config{Node: a.opts.Node, Client: a.opts.Client, NodePods: a.opts.NodePods, GPUs: a.gpus, NVML: a.opts.NVML,
-		Devices: a.devices, MPS: a.mpsMgr, NoTimeSlicer: a.noTimeSlicer, CgroupRoot: a.opts.CgroupRoot,
+		Devices: a.devices, MPS: a.mpsMgr, NoTimeSlicer: a.noTimeSlicer, CgroupRoot: a.opts.CgroupRoot, Shim: a.shim != nil, NoShim: a.noShim,
 		DriverRoot: a.opts.DriverRoot, CDIHookPath: a.opts.CDIHookPath, Labels: a.seriesLabels, Event: a.event,
 		Publish: func(ctx context.Context) error { return a.Refresh(ctx, time.Now()) }}
 	cfg.TimeSliceClasses = a.mpsMgr == nil && a.timeSlices != nil && a.timeSlices.Enabled()
 	return isolation.New(cfg)
+}
+
+// installShim puts libtessera where containers get it from, when the
+// agent is given a shim directory.
+func installShim(opts Options) (*shim.Dir, error) {
+	if opts.ShimRoot == "" {
+		return nil, errors.New("the agent was given no --shim-dir")
+	}
+	lib := opts.ShimLibrary
+	if lib == "" {
+		lib = shim.DefaultLibrary
+	}
+	return shim.Install(opts.ShimRoot, lib)
 }
 
 // newPreemptor is the node's part of preemption, on this agent's GPUs,
@@ -652,6 +681,7 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 		} else if n > 0 {
 			logger.V(2).Info("Collected CDI specs of finished containers", "count", n)
 		}
+		a.collectShim(ctx)
 	}, collectEvery)
 	go wait.UntilWithContext(ctx, func(ctx context.Context) { a.preempt.Pass(ctx, time.Now()) }, 250*time.Millisecond)
 	if a.opts.AssignmentChanges != nil {
@@ -743,4 +773,23 @@ func (a *Agent) applyTimeSlices(ctx context.Context, now time.Time) {
 		want[uuid] = timeslice.ClassOf(a.opts.Config.TimeSlice, tenants[uuid].inference)
 	}
 	a.timeSlices.Apply(ctx, want, now)
+}
+
+// collectShim removes the libtessera directories of pods that ended or
+// left the node. Without the node's pods it removes nothing.
+func (a *Agent) collectShim(ctx context.Context) {
+	if a.shim == nil || a.opts.NodePods == nil {
+		return
+	}
+	live := map[string]bool{}
+	for _, p := range a.opts.NodePods() {
+		if p.Status.Phase != v1.PodSucceeded && p.Status.Phase != v1.PodFailed {
+			live[string(p.UID)] = true
+		}
+	}
+	if n, err := a.shim.Collect(func(uid string) bool { return live[uid] }); err != nil {
+		klog.FromContext(ctx).Error(err, "Collecting libtessera directories of ended pods failed")
+	} else if n > 0 {
+		klog.FromContext(ctx).V(2).Info("Collected libtessera directories of ended pods", "count", n)
+	}
 }

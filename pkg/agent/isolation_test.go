@@ -432,3 +432,58 @@ func TestMPSGuaranteesFollowConnectTime(t *testing.T) {
 		t.Errorf("small-1 without a record after a restart: %v, want %v", g, cooperating)
 	}
 }
+
+// TestShimHoldsWhatTheDriverCannot: on GPUs without kernel memory limits
+// (R580), an agent given a shim directory offers libtessera: a time-sliced
+// slice is held by it in both dimensions and an MPS GPU's offer has it too;
+// the library is installed where containers get it. An agent whose library
+// is missing offers none and says why; one given no directory says so.
+func TestShimHoldsWhatTheDriverCannot(t *testing.T) {
+	ctx := context.Background()
+	lib := filepath.Join(t.TempDir(), "libtessera.so")
+	if err := os.WriteFile(lib, []byte("library"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	start := func(shimRoot, library string) (*Agent, []string) {
+		srv := dgxh100.New()
+		nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{} })
+		var uuids []string
+		for _, d := range srv.Devices {
+			u, _ := d.GetUUID()
+			uuids = append(uuids, u)
+		}
+		a, err := New(Options{Node: "n1", Config: config.Default(), Client: newNode(), NVML: srv, ShimRoot: shimRoot, ShimLibrary: library})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a, uuids
+	}
+	root := filepath.Join(t.TempDir(), "shim")
+	a, uuids := start(root, lib)
+	if o := a.Inventory(time.Now()).GPUs[0].Offer(); !o.Shim || o.KernelMemoryLimits || strings.Contains(o.Why, "shim") {
+		t.Fatalf("GPU 0 offers %+v, want libtessera and no kernel limits", o)
+	}
+	if b, err := os.ReadFile(filepath.Join(root, "libtessera.so")); err != nil || string(b) != "library" {
+		t.Errorf("the library in the shim directory: %q, %v", b, err)
+	}
+	g := gpu.GPUGrant{UUID: uuids[0], MemoryMiB: 8 << 10, CoresPerMille: 300}
+	enc, err := gpu.EncodeAssignment(&gpu.PodAssignment{Node: "n1", Containers: []gpu.ContainerAssignment{{Name: "main", Mode: gpu.ModeTimeSlicing, GPUs: []gpu.GPUGrant{g}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "infer", UID: "uid-infer", Annotations: map[string]string{gpu.AnnotationAssignment: enc}},
+		Spec: v1.PodSpec{NodeName: "n1", SchedulerName: "tessera-scheduler", Containers: []v1.Container{{Name: "main"}}}, Status: v1.PodStatus{Phase: v1.PodRunning}}
+	gs, err := a.enforcer.Isolate(ctx, pod, gpu.ContainerAssignment{Name: "main", Mode: gpu.ModeTimeSlicing, GPUs: []gpu.GPUGrant{g}})
+	if want := (gpu.Guarantee{Memory: gpu.MechanismShim, Compute: gpu.MechanismShim}); err != nil || len(gs) != 1 || gs[0] != want {
+		t.Fatalf("guarantees %v, %v; want %v", gs, err, want)
+	}
+
+	a, _ = start(filepath.Join(t.TempDir(), "shim"), filepath.Join(t.TempDir(), "missing.so"))
+	if o := a.Inventory(time.Now()).GPUs[0].Offer(); o.Shim || !strings.Contains(o.Why, "shim: libtessera not found at") {
+		t.Errorf("with the library missing GPU 0 offers %+v, want no shim and the reason", o)
+	}
+	a, _ = start("", "")
+	if o := a.Inventory(time.Now()).GPUs[0].Offer(); o.Shim || !strings.Contains(o.Why, "shim: the agent was given no --shim-dir") {
+		t.Errorf("without a shim directory GPU 0 offers %+v, want no shim and the reason", o)
+	}
+}

@@ -40,6 +40,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/tessera-gpu/tessera/pkg/agent/shim"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/podgpu"
 	"github.com/tessera-gpu/tessera/pkg/preemption"
@@ -106,6 +107,7 @@ type Plugin struct {
 	oversub    float64
 	reporter   Reporter
 	enforcer   Enforcer
+	shim       *shim.Dir
 
 	mu      sync.Mutex
 	gpus    []GPUSlots
@@ -141,6 +143,9 @@ type Config struct {
 	// get its GPUs before its spec is written, and gives the driver's
 	// edits for its GPUs, written into its spec.
 	Enforcer Enforcer
+	// Shim, when set, puts libtessera into the containers of slices the
+	// Enforcer says it holds (gpu.MechanismShim).
+	Shim *shim.Dir
 }
 
 // Enforcer holds a container to its slices: the agent's
@@ -170,7 +175,7 @@ func New(c Config) *Plugin {
 		schedulers = DefaultSchedulerNames
 	}
 	return &Plugin{node: c.Node, schedulers: schedulers, holder: c.Holder, pods: c.Pods, pipeDir: c.PipeDir, cdiDir: c.CDIDir, noticeDir: c.NoticeDir,
-		inventory: c.Inventory, nodePods: c.NodePods, oversub: c.MemoryOversubscription, reporter: c.Reporter, enforcer: c.Enforcer,
+		inventory: c.Inventory, nodePods: c.NodePods, oversub: c.MemoryOversubscription, reporter: c.Reporter, enforcer: c.Enforcer, shim: c.Shim,
 		changed: make(chan struct{})}
 }
 
@@ -413,6 +418,24 @@ func (p *Plugin) editsFor(ctx context.Context, ns, name, container string, slots
 				return Edits{}, fmt.Errorf("pod %s/%s container %s: its GPU limits could not be set, so it does not start: %w", ns, name, container, err)
 			}
 			e.Env = append(e.Env, IsolationEnv+"="+isolationValue(e.Guarantees))
+		}
+		if gpu.NeedsShim(e.Guarantees) {
+			// The library holds these slices: without it in the
+			// container nothing would, so the container does not start.
+			if p.shim == nil {
+				return Edits{}, fmt.Errorf("pod %s/%s container %s: its slices are held by libtessera, which this agent was not given (--shim-dir)", ns, name, container)
+			}
+			mounts, err := p.shim.Prepare(string(pod.UID), container, shim.Limits(c))
+			if err != nil {
+				return Edits{}, fmt.Errorf("pod %s/%s container %s: putting libtessera in the container, so it does not start: %w", ns, name, container, err)
+			}
+			for _, m := range mounts {
+				opt := "rw"
+				if m.ReadOnly {
+					opt = "ro"
+				}
+				e.Mounts = append(e.Mounts, Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, Options: []string{"rbind", opt}})
+			}
 		}
 		if p.noticeDir == nil {
 			return e, nil

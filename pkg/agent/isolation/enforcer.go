@@ -57,6 +57,10 @@ type Config struct {
 	// NoTimeSlicer says why not, where it was not.
 	TimeSliceClasses bool
 	NoTimeSlicer     error
+	// Shim says the agent puts libtessera into the containers of slices
+	// nothing stronger holds; NoShim says why not, where it does not.
+	Shim   bool
+	NoShim error
 	// CgroupRoot is the host's cgroup v2 hierarchy, where kernel memory
 	// limits are set; empty turns them off.
 	CgroupRoot string
@@ -192,7 +196,8 @@ func (e *Enforcer) Probe(ctx context.Context) {
 			st.offers[d.UUID] = gpu.IsolationOffer{Why: "MIG is enabled: Tessera does not slice this GPU"}
 			continue
 		}
-		o := gpu.IsolationOffer{KernelMemoryLimits: kernel[d.UUID], MPSLimits: e.cfg.MPS != nil, TimeSliceClasses: e.cfg.MPS == nil && e.cfg.TimeSliceClasses}
+		o := gpu.IsolationOffer{KernelMemoryLimits: kernel[d.UUID], MPSLimits: e.cfg.MPS != nil, TimeSliceClasses: e.cfg.MPS == nil && e.cfg.TimeSliceClasses,
+			Shim: e.cfg.Shim}
 		var reasons []string
 		if !o.KernelMemoryLimits {
 			switch {
@@ -207,10 +212,13 @@ func (e *Enforcer) Probe(ctx context.Context) {
 		if e.cfg.MPS == nil && e.cfg.NoTimeSlicer != nil {
 			reasons = append(reasons, "time-slice classes: "+e.cfg.NoTimeSlicer.Error())
 		}
+		if !o.Shim && e.cfg.NoShim != nil {
+			reasons = append(reasons, "shim: "+e.cfg.NoShim.Error())
+		}
 		o.Why = strings.Join(reasons, "; ")
 		st.offers[d.UUID] = o
 		logger.Info("GPU isolation offered", "gpu", d.UUID, "driver", driver, "kernelMemoryLimits", o.KernelMemoryLimits,
-			"mpsLimits", o.MPSLimits, "timeSliceClasses", o.TimeSliceClasses, "why", o.Why)
+			"mpsLimits", o.MPSLimits, "timeSliceClasses", o.TimeSliceClasses, "shim", o.Shim, "why", o.Why)
 	}
 	if e.cfg.DriverRoot != "" {
 		edits, err := driverspec.Generate(e.cfg.NVML, driverspec.Options{DriverRoot: e.cfg.DriverRoot, HookPath: e.cfg.CDIHookPath})
@@ -508,6 +516,8 @@ func isolationCondition(gs []gpu.SliceGuarantee, now time.Time) v1.PodCondition 
 	msg := gpu.FormatSliceGuarantees(gs)
 	if status == v1.ConditionFalse {
 		msg += " (none: accounted by the scheduler, not held; mps-client: held only for a client that keeps its CUDA_MPS_* variables)"
+	} else if strings.Contains(msg, "="+string(gpu.MechanismShim)) {
+		msg += " (shim: held by libtessera in the container, for every program that uses CUDA's driver API)"
 	}
 	return v1.PodCondition{Type: ConditionGPUIsolation, Status: status, Reason: reason, Message: msg, LastTransitionTime: metav1.NewTime(now)}
 }

@@ -1,0 +1,174 @@
+// Package shim puts libtessera, the preload library that holds a slice
+// nothing stronger holds (libtessera/README.md), into a container: the
+// limits file it reads, per container, and the CDI mounts that make the
+// dynamic loader preload it from a read-only /etc/ld.so.preload. Limits is
+// the pure part; a Dir does the file work under the agent's --shim-dir. It
+// must not decide which slices need the library: gpu.GuaranteeOf does.
+package shim
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+)
+
+// Where the library finds what it needs inside the container: fixed in
+// the library when it is built (libtessera/src/libtessera.h).
+const (
+	LibraryInContainer = "/usr/lib/tessera/libtessera.so"
+	PreloadInContainer = "/etc/ld.so.preload"
+	LimitsInContainer  = "/etc/tessera/limits"
+	RunDirInContainer  = "/run/tessera"
+)
+
+// DefaultLibrary is where the agent's image has the library.
+const DefaultLibrary = "/usr/lib/tessera/libtessera.so"
+
+// Limits is the limits file of a container: one line per GPU of its
+// assignment, "<UUID> <memory bytes> <cores percent>", with "mps" for an
+// MPS client (the library then counts its memory and leaves compute to
+// MPS). Every GPU is listed: the library refuses a GPU it finds no line
+// for.
+func Limits(c gpu.ContainerAssignment) []byte {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# libtessera limits of container %s, written by tessera-agent\n", c.Name)
+	for _, g := range c.GPUs {
+		fmt.Fprintf(&b, "%s %d %d", g.UUID, g.MemoryMiB<<20, g.CoresPercent())
+		if c.Mode == gpu.ModeMPS {
+			b.WriteString(" mps")
+		}
+		b.WriteByte('\n')
+	}
+	return []byte(b.String())
+}
+
+// Mount is a bind mount of a host path into the container.
+type Mount struct {
+	HostPath, ContainerPath string
+	ReadOnly                bool
+}
+
+// Dir is the agent's shim directory on the host: the library, the
+// ld.so.preload file naming it, and a directory per pod and container
+// (limits, and the usage region the container's processes share).
+type Dir struct {
+	root string
+}
+
+// ErrNoLibrary: the library is not where the agent was told it is.
+var ErrNoLibrary = errors.New("libtessera not found")
+
+// Install makes root the shim directory, with the library copied from
+// library (the runtime bind-mounts host paths, and the agent's own image is
+// not one) and the ld.so.preload file. It is safe to run again: each file
+// is replaced whole, so a container starting meanwhile sees the old or the
+// new one.
+func Install(root, library string) (*Dir, error) {
+	src, err := os.Open(library)
+	if err != nil {
+		return nil, fmt.Errorf("%w at %s (--shim-library): %v", ErrNoLibrary, library, err)
+	}
+	defer src.Close()
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return nil, err
+	}
+	d := &Dir{root: root}
+	if err := replace(d.libraryPath(), 0o755, func(w io.Writer) error { _, err := io.Copy(w, src); return err }); err != nil {
+		return nil, fmt.Errorf("copying libtessera to %s: %w", d.libraryPath(), err)
+	}
+	preload := []byte(LibraryInContainer + "\n")
+	if err := replace(filepath.Join(root, "ld.so.preload"), 0o644, func(w io.Writer) error { _, err := w.Write(preload); return err }); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Dir) libraryPath() string { return filepath.Join(d.root, "libtessera.so") }
+
+// containerDir is a container's directory; pod UIDs and container names
+// are DNS labels, so neither can climb out of root.
+func (d *Dir) containerDir(podUID, container string) string {
+	return filepath.Join(d.root, "pods", podUID, container)
+}
+
+// Prepare writes a container's limits and a fresh usage directory, and
+// returns its mounts: the library, ld.so.preload and the limits read-only,
+// the usage directory read-write.
+func (d *Dir) Prepare(podUID, container string, limits []byte) ([]Mount, error) {
+	if podUID == "" || container == "" || strings.ContainsAny(podUID+container, "/\\") || podUID == ".." || container == ".." {
+		return nil, fmt.Errorf("shim: pod UID %q and container %q must be plain names", podUID, container)
+	}
+	dir := d.containerDir(podUID, container)
+	run := filepath.Join(dir, "run")
+	// A restarted container starts with a fresh count: its processes
+	// before are gone, and so is what the driver gave them.
+	if err := os.RemoveAll(run); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(run, 0o777); err != nil {
+		return nil, err
+	}
+	// The container's user may not be root: the region is created by
+	// its first process.
+	if err := os.Chmod(run, 0o777); err != nil {
+		return nil, err
+	}
+	path := filepath.Join(dir, "limits")
+	if err := replace(path, 0o644, func(w io.Writer) error { _, err := w.Write(limits); return err }); err != nil {
+		return nil, fmt.Errorf("shim: limits of %s/%s: %w", podUID, container, err)
+	}
+	return []Mount{
+		{HostPath: d.libraryPath(), ContainerPath: LibraryInContainer, ReadOnly: true},
+		{HostPath: filepath.Join(d.root, "ld.so.preload"), ContainerPath: PreloadInContainer, ReadOnly: true},
+		{HostPath: path, ContainerPath: LimitsInContainer, ReadOnly: true},
+		{HostPath: run, ContainerPath: RunDirInContainer},
+	}, nil
+}
+
+// Collect removes the directories of pods keep does not name (ended or
+// deleted pods); it returns how many.
+func (d *Dir) Collect(keep func(podUID string) bool) (int, error) {
+	entries, err := os.ReadDir(filepath.Join(d.root, "pods"))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	removed := 0
+	for _, e := range entries {
+		if keep(e.Name()) {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(d.root, "pods", e.Name())); err != nil {
+			return removed, err
+		}
+		removed++
+	}
+	return removed, nil
+}
+
+// replace writes a file whole: to a temporary name, then renamed over.
+func replace(path string, mode os.FileMode, write func(io.Writer) error) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
+	if err != nil {
+		return err
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Chmod(tmp, mode); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
