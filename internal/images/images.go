@@ -20,6 +20,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/tessera-gpu/tessera/internal/imagebuild"
+	"github.com/tessera-gpu/tessera/pkg/agent/shim"
 	"github.com/tessera-gpu/tessera/pkg/version"
 )
 
@@ -119,6 +120,23 @@ func (o Options) goBuild(ctx context.Context, pkg, out string, cgo bool) error {
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("go build %s: %w\n%s", pkg, err, stderr.String())
+	}
+	return nil
+}
+
+// buildLibtessera builds the preload library (make in libtessera/, the C
+// compiler) into dir, with the source paths in its debug information made
+// relative so the same tree builds the same bytes anywhere.
+func (o Options) buildLibtessera(ctx context.Context, dir string) error {
+	if o.Prebuilt {
+		return nil
+	}
+	o.progress("building libtessera (make -C libtessera)")
+	src := filepath.Join(o.Repo, "libtessera")
+	cmd := exec.CommandContext(ctx, "make", "-s", "-C", src, "OUT="+dir, dir+"/libtessera.so",
+		"CFLAGS=-O2 -g -ffile-prefix-map="+src+"=libtessera")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("building libtessera: %w\n%s", err, out)
 	}
 	return nil
 }
@@ -250,6 +268,10 @@ func (o Options) Agent(ctx context.Context) (v1.Image, error) {
 	if err := o.goBuild(ctx, "./cmd/tessera-agent", bin, true); err != nil {
 		return nil, err
 	}
+	lib := filepath.Join(o.Work, "libtessera", "libtessera.so")
+	if err := o.buildLibtessera(ctx, filepath.Dir(lib)); err != nil {
+		return nil, err
+	}
 	libc, err := imagebuild.TreeEntries(root, "")
 	if err != nil {
 		return nil, err
@@ -264,6 +286,10 @@ func (o Options) Agent(ctx context.Context) (v1.Image, error) {
 				{Path: "usr/local", Mode: 0o755, Dir: true},
 				{Path: "usr/local/bin", Mode: 0o755, Dir: true},
 				{Path: "usr/local/bin/tessera-agent", Mode: 0o755, Source: bin},
+				// What the agent copies to --shim-dir for containers.
+				{Path: "usr/lib", Mode: 0o755, Dir: true},
+				{Path: "usr/lib/tessera", Mode: 0o755, Dir: true},
+				{Path: strings.TrimPrefix(shim.DefaultLibrary, "/"), Mode: 0o755, Source: lib},
 			}},
 		},
 		Entrypoint: []string{"/usr/local/bin/tessera-agent"},

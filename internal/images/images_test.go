@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tessera-gpu/tessera/internal/imagebuild"
+	"github.com/tessera-gpu/tessera/pkg/agent/shim"
 )
 
 // TestImages builds both images as `make images` does (go build, apt-get
@@ -86,6 +87,25 @@ func TestImages(t *testing.T) {
 			entry := cf.Config.Entrypoint[0]
 			if tc.static {
 				assertStatic(t, filepath.Join(rootfs, entry))
+			}
+			if tc.name == "tessera-agent" {
+				// The agent's default --shim-library is in its image: a
+				// shared object that needs only what every container with
+				// a dynamic loader has (the C library and the loader).
+				f, err := elf.Open(filepath.Join(rootfs, shim.DefaultLibrary))
+				if err != nil {
+					t.Fatalf("libtessera in the agent's image: %v", err)
+				}
+				libs, _ := f.ImportedLibraries()
+				f.Close()
+				if f.Type != elf.ET_DYN {
+					t.Errorf("libtessera in the image is ELF type %v, want a shared object", f.Type)
+				}
+				for _, l := range libs {
+					if l != "libc.so.6" && l != "libdl.so.2" && !strings.HasPrefix(l, "ld-linux") {
+						t.Errorf("libtessera needs %s, which a tenant's container may lack (all: %v)", l, libs)
+					}
+				}
 			}
 			got := runInChroot(t, rootfs, tc.user, append(cf.Config.Entrypoint, "--version"), cf.Config.Env)
 			if !strings.HasPrefix(got, tc.name+" v0.0.0-imagetest (revision 0123456789abcdef") {
