@@ -42,6 +42,7 @@ func newUpCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 	fs.IntVar(&opts.Nodes, "nodes", 4, "simulated GPU nodes")
 	fs.IntVar(&opts.GPUsPerNode, "gpus-per-node", 8, "GPUs per node (1–8)")
 	fs.StringVar(&opts.Model, "gpu-model", "h100", "GPU model of every node: "+strings.Join(playground.Models, ", "))
+	fs.BoolVar(&opts.DriverKernelLimits, "driver-kernel-limits", false, "simulate a driver whose NVML sets per-cgroup GPU memory limits (newer than R580): time-sliced memory is then held by the kernel, not libtessera")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		*code = func() int {
 			opts.MPSNodes = *mps

@@ -43,9 +43,10 @@ func upPlayground(t *testing.T, opts playground.Options) *playground.Cluster {
 	return c
 }
 
-// TestUpKeepsItsLog: `tessera up --demo` runs the sample workload and, when
-// it exits, says where the components' log is and leaves it there (issue
-// 15: it was removed with the state directory).
+// TestUpKeepsItsLog: `tessera up --demo` runs the sample workload, shows
+// what holds each slice as the drivers nodes run give it, and, when it
+// exits, says where the components' log is and leaves it there (issue 15:
+// it was removed with the state directory).
 func TestUpKeepsItsLog(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a whole playground; skipped with -short")
@@ -53,6 +54,11 @@ func TestUpKeepsItsLog(t *testing.T) {
 	code, out, errOut := runCLI(t, "up", "--demo")
 	if code != exitOK {
 		t.Fatalf("exit %d, stderr:\n%s\nstdout:\n%s", code, errOut, out)
+	}
+	// The playground's driver is R580's by default: its time-sliced
+	// slices are held by libtessera (HELD shim/shim), not the kernel.
+	if !strings.Contains(out, "shim/shim") || strings.Contains(out, "kernel/") {
+		t.Errorf("the demo's table does not show libtessera holding time-sliced slices (shim/shim):\n%s", out)
 	}
 	m := regexp.MustCompile(`Components' log kept at (\S+)`).FindStringSubmatch(out)
 	if m == nil {
@@ -62,6 +68,25 @@ func TestUpKeepsItsLog(t *testing.T) {
 	fi, err := os.Stat(m[1])
 	if err != nil || fi.Size() == 0 {
 		t.Fatalf("log %s: %v (size %v)", m[1], err, fi)
+	}
+}
+
+// TestUpDriverKernelLimits: `tessera up --demo --driver-kernel-limits`
+// simulates a driver whose NVML sets per-cgroup memory limits: time-sliced
+// slices' memory is then the kernel's, their SM share still libtessera's.
+func TestUpDriverKernelLimits(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a whole playground; skipped with -short")
+	}
+	code, out, errOut := runCLI(t, "up", "--demo", "--driver-kernel-limits", "--nodes", "2", "--mps-nodes", "0")
+	if code != exitOK {
+		t.Fatalf("exit %d, stderr:\n%s\nstdout:\n%s", code, errOut, out)
+	}
+	if !strings.Contains(out, "kernel/shim") || strings.Contains(out, "shim/shim") {
+		t.Errorf("with the newer driver the demo does not show kernel/shim on its time-sliced slices:\n%s", out)
+	}
+	if m := regexp.MustCompile(`Components' log kept at (\S+)`).FindStringSubmatch(out); m != nil {
+		os.Remove(m[1])
 	}
 }
 

@@ -159,7 +159,7 @@ func TestFaultsOfTheSourceWriteUp(t *testing.T) {
 			id: "kubelet.registration", sev: Error, want: []string{"has not registered with kubelet", "ContainerCreating", "Got registration request from device plugin"}},
 		{name: "CUDA_ERROR_OUT_OF_MEMORY: memory not held on this driver",
 			reading: func(i int) *nvmltest.Reading { r := exclusive(i); r.KernelLimits = false; return r },
-			id:      "isolation.kernel-memory", sev: Info, want: []string{"accounted, not held", "memory-hard"}},
+			id:      "isolation.kernel-memory", sev: Info, want: []string{"held by libtessera", "memory-hard"}},
 		{name: "kubelet config: DynamicKubeletConfig gate (the write-up's advice)",
 			break_: func(f fstest.MapFS, _ *server.Server) {
 				f["var/lib/kubelet/config.yaml"].Data = []byte("kind: KubeletConfiguration\nfeatureGates:\n  DevicePlugins: true\n  DynamicKubeletConfig: true\n")

@@ -67,7 +67,7 @@ type procLoad struct {
 // newLoad installs the simulation on srv; PIDs start at firstPID so that
 // nodes do not share them (they share one fake /proc root each, but unique
 // PIDs make logs unambiguous).
-func newLoad(srv *server.Server, procRoot string, firstPID uint32) (*load, error) {
+func newLoad(srv *server.Server, procRoot string, firstPID uint32, kernelLimits bool) (*load, error) {
 	if err := os.MkdirAll(procRoot, 0o755); err != nil {
 		return nil, err
 	}
@@ -90,7 +90,7 @@ func newLoad(srv *server.Server, procRoot string, firstPID uint32) (*load, error
 		lim := nvmltest.NewCgroupLimits(srv.Devices[i].(*server.Device).MemoryInfo.Total)
 		l.limits = append(l.limits, lim)
 		return &nvmltest.Reading{SMCount: smCount(srv), NVLink: true, TempC: 34, PowerMW: 70_000,
-			Events: uint64(gonvml.EventTypeXidCriticalError), KernelLimits: true, Limits: lim}
+			Events: uint64(gonvml.EventTypeXidCriticalError), KernelLimits: kernelLimits, Limits: lim}
 	})
 	for i, dev := range srv.Devices {
 		d := dev.(*server.Device)

@@ -95,6 +95,11 @@ type Options struct {
 	// runs and crash-looping while it is stopped, and the DaemonSet's
 	// status counts them, as kube-state-metrics reads them in a cluster.
 	AgentDaemonSet bool
+	// DriverKernelLimits simulates a driver whose NVML sets per-cgroup GPU
+	// memory limits (nvmlDeviceSetMemoryLimits_v1, newer than the R580
+	// drivers GPU nodes run). Without it the mock driver refuses them, as
+	// R580's does, and time-sliced slices are held by libtessera (shim).
+	DriverKernelLimits bool
 }
 
 // Models are the GPU models a playground node can have.
@@ -151,6 +156,9 @@ type Node struct {
 	// pod's cgroup there before the pod's containers start, and the agent
 	// sets kernel GPU memory limits on them through the mock driver.
 	CgroupRoot string
+	// ShimRoot is the agent's libtessera directory (--shim-dir): the
+	// library, and each container's limits and usage directory.
+	ShimRoot string
 
 	// agentMu guards agent, which a restart replaces.
 	agentMu sync.Mutex
@@ -338,6 +346,19 @@ func writeMPSControl(dir string, command []string) (string, error) {
 	return path, os.WriteFile(path, []byte(script), 0o755)
 }
 
+// writeShimStandIn writes the file the playground's agents install as
+// libtessera. The playground's containers are not run, so the library is
+// never loaded: the agents do everything else a node's does with it (the
+// limits, the usage directory, the mounts in each container's CDI spec).
+func writeShimStandIn(dir string) (string, error) {
+	path := filepath.Join(dir, "libtessera.so")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	text := "# The playground's stand-in for libtessera (libtessera/out/libtessera.so on a node): its containers are simulated, nothing loads it.\n"
+	return path, os.WriteFile(path, []byte(text), 0o644)
+}
+
 // maxSocketPath is the longest unix socket path Linux takes, less room for
 // the plugin's socket name.
 const maxSocketPath = 107 - len(deviceplugin.SocketPrefix+"1764745123456789012.sock") - 1
@@ -356,7 +377,7 @@ func (c *Cluster) startNode(ctx context.Context, opts Options, i int, mpsControl
 	}
 	n := &Node{Name: name, MPS: i < opts.MPSNodes, NVML: srv, done: make(chan struct{}), TimeSlices: &timeslice.Recorder{}}
 	procRoot := filepath.Join(dir, "proc")
-	if n.load, err = newLoad(srv, procRoot, uint32(10_000+1_000_000*i)); err != nil {
+	if n.load, err = newLoad(srv, procRoot, uint32(10_000+1_000_000*i), opts.DriverKernelLimits); err != nil {
 		return nil, err
 	}
 	nctx, cancel := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), klog.FromContext(ctx).WithValues("node", name)))
@@ -399,7 +420,13 @@ func (c *Cluster) startNode(ctx context.Context, opts Options, i int, mpsControl
 		n.agentMu.Unlock()
 		a.MetricsHandler().ServeHTTP(w, r)
 	}), ReadHeaderTimeout: 5 * time.Second}
-	n.startAgent = func() error { return c.runAgent(nctx, opts, n, mpsControl, procRoot, noticeRoot) }
+	n.ShimRoot = filepath.Join(dir, "shim")
+	shimLibrary, err := writeShimStandIn(dir)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	n.startAgent = func() error { return c.runAgent(nctx, opts, n, mpsControl, procRoot, noticeRoot, shimLibrary) }
 	if err := n.startAgent(); err != nil {
 		cancel()
 		return nil, err
@@ -412,7 +439,7 @@ func (c *Cluster) startNode(ctx context.Context, opts Options, i int, mpsControl
 // a node: the node's pods from an informer, the holder of slots from
 // kubelet's pod-resources socket; all as the agent's service account with a
 // token bound to this node.
-func (c *Cluster) runAgent(nctx context.Context, opts Options, n *Node, mpsControl, procRoot, noticeRoot string) error {
+func (c *Cluster) runAgent(nctx context.Context, opts Options, n *Node, mpsControl, procRoot, noticeRoot, shimLibrary string) error {
 	agentClient, err := kubernetes.NewForConfig(AsAgent(c.Config, n.Name))
 	if err != nil {
 		return err
@@ -441,7 +468,7 @@ func (c *Cluster) runAgent(nctx context.Context, opts Options, n *Node, mpsContr
 		Pods:   nodePods.Get, CDIDir: n.CDIDir, ProcRoot: procRoot, NodePods: nodePods.List, AssignmentChanges: nodePods.Changes,
 		NoticeRoot: noticeRoot, Kill: n.load.kill, Signal: n.load.signal, TimeSlicer: n.TimeSlices,
 		CgroupRoot: n.CgroupRoot, IsolationEvery: time.Second, Namespace: agentendpoint.Namespace, HeartbeatEvery: time.Second,
-		SpecCollectEvery: 2 * time.Second, RefusedGrace: opts.RefusedGrace,
+		SpecCollectEvery: 2 * time.Second, RefusedGrace: opts.RefusedGrace, ShimRoot: n.ShimRoot, ShimLibrary: shimLibrary,
 	})
 	if err != nil {
 		stopAgent()

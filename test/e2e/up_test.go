@@ -205,7 +205,9 @@ func scrape(t *testing.T, url string) string {
 // the scheduler did not place is refused its GPUs with a reason on the pod;
 // a deleted pod's slots are released; and Down leaves nothing behind.
 func TestPlayground(t *testing.T) {
-	c, start := up(t, playground.Options{Nodes: 3, GPUsPerNode: 4, Model: "a100", MPSNodes: 1, RefusedGrace: refusedGrace})
+	// A driver with kernel memory limits (newer than R580), so both the
+	// kernel's limit and libtessera are in force on time-sliced slices.
+	c, start := up(t, playground.Options{Nodes: 3, GPUsPerNode: 4, Model: "a100", MPSNodes: 1, RefusedGrace: refusedGrace, DriverKernelLimits: true})
 
 	// The kubeconfig is what a user gets.
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
@@ -358,13 +360,34 @@ func TestPlayground(t *testing.T) {
 		// Isolation in force (the playground's mock driver offers kernel
 		// memory limits on every GPU): the time-sliced pod's cgroup is held to
 		// its grant, set in PreStartContainer, before kubelet reported the pod
-		// Running; each pod says what holds its slices.
+		// Running, and its container gets libtessera for its SM share; each
+		// pod says what holds its slices.
 		tsNode0 := byNode[tsPod.Spec.NodeName]
 		if hard, ok := tsNode0.MemoryLimit(tsAsg.Containers[0].GPUs[0].Index, tsPod.UID); !ok || hard != 16384<<20 {
 			t.Errorf("ts pod's kernel GPU memory limit: %d bytes (set %v), want its 16384 MiB grant", hard, ok)
 		}
+		limitsPath := filepath.Join(tsNode0.ShimRoot, "pods", string(tsPod.UID), "main", "limits")
+		if b, err := os.ReadFile(limitsPath); err != nil || !strings.Contains(string(b), fmt.Sprintf("%s %d %d\n", tsGPU, int64(16384)<<20, tsAsg.Containers[0].GPUs[0].CoresPercent())) {
+			t.Errorf("ts pod's libtessera limits %q (%v), want its grant on %s", b, err, tsGPU)
+		}
+		specs, _ := filepath.Glob(filepath.Join(tsNode0.CDIDir, "*.json"))
+		preloaded := false
+		for _, path := range specs {
+			if b, _ := os.ReadFile(path); strings.Contains(string(b), limitsPath) && strings.Contains(string(b), `"/etc/ld.so.preload"`) {
+				preloaded = true
+			}
+		}
+		if !preloaded {
+			t.Errorf("no CDI spec in %s mounts the ts pod's limits and /etc/ld.so.preload", tsNode0.CDIDir)
+		}
+		for _, name := range []string{"mps", "whole"} {
+			p := pods[name]
+			if _, err := os.Stat(filepath.Join(byNode[p.Spec.NodeName].ShimRoot, "pods", string(p.UID))); !os.IsNotExist(err) {
+				t.Errorf("%s pod, held without libtessera, has a libtessera directory (%v)", name, err)
+			}
+		}
 		for name, want := range map[string]string{
-			"ts":    "main on " + tsGPU + ": memory=kernel,compute=none",
+			"ts":    "main on " + tsGPU + ": memory=kernel,compute=shim",
 			"mps":   ": memory=mps-server,compute=mps-server", // alone on its GPU: the server is held to its grant
 			"whole": ": memory=device,compute=device",
 		} {
