@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "libtessera.h"
@@ -196,15 +197,17 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size
 	/* The pitch is known only after the call: count the rows' bytes
 	 * first, then what padding adds, and give it back if that is past
 	 * the grant. */
-	int64_t least = (int64_t)width * (int64_t)height;
-	if (tessera_reserve(g, least) != 0)
+	int64_t least;
+	if (__builtin_mul_overflow((int64_t)width, (int64_t)height, &least) || tessera_reserve(g, least) != 0)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	CUresult r = real(dptr, pitch, width, height, elem);
 	if (r != CUDA_SUCCESS) {
 		tessera_credit(g, least);
 		return r;
 	}
-	int64_t bytes = (int64_t)*pitch * (int64_t)height;
+	int64_t bytes;
+	if (__builtin_mul_overflow((int64_t)*pitch, (int64_t)height, &bytes))
+		bytes = INT64_MAX;
 	if (bytes > least && tessera_reserve(g, bytes - least) != 0) {
 		tessera_credit(g, least);
 		if (REAL(cuMemFree_v2))
@@ -278,7 +281,11 @@ static int64_t array_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels)
 	int64_t total = 0;
 	for (unsigned l = 0; l < (levels ? levels : 1) && l < 32; l++) {
 		int64_t w = dim(d->Width) >> l, h = dim(d->Height) >> l, z = keep_depth ? dim(d->Depth) : dim(d->Depth) >> l;
-		total += elem * (w ? w : 1) * (h ? h : 1) * (z ? z : 1);
+		int64_t level;
+		/* Dimensions no GPU has overflow: counted as past any grant. */
+		if (__builtin_mul_overflow(elem, w ? w : 1, &level) || __builtin_mul_overflow(level, h ? h : 1, &level) ||
+		    __builtin_mul_overflow(level, z ? z : 1, &level) || __builtin_add_overflow(total, level, &total))
+			return INT64_MAX;
 	}
 	return total;
 }

@@ -322,8 +322,8 @@ out:
 int tessera_reserve(int g, int64_t bytes)
 {
 	struct tessera_state *st = tessera_state_get();
-	if (!st->ready || g < 0 || g >= st->limits.n)
-		return -1;
+	if (!st->ready || g < 0 || g >= st->limits.n || bytes < 0)
+		return -1; /* a size past 2^63 (negative here) would raise the count's room */
 	int s = tessera_slot();
 	if (s < 0)
 		return -1;

@@ -89,7 +89,10 @@ UNINSTRUMENTED static dlsym_fn real_dlsym(void)
 	return f;
 }
 
-static void resolve(int lib)
+/* resolve finds the driver's entry points in its library: already loaded
+ * only (load: 0), or loading it (load: 1, when a wrapper is called — the
+ * program calls the driver, so it needs it). */
+static void resolve(int lib, int load)
 {
 	if (atomic_load_explicit(&resolved[lib], memory_order_acquire))
 		return;
@@ -101,7 +104,7 @@ static void resolve(int lib)
 	if (!atomic_load(&resolved[lib])) {
 		const char *so = lib == LIB_CUDA ? "libcuda.so.1" : "libnvidia-ml.so.1";
 		void *h = dlopen(so, RTLD_NOW | RTLD_NOLOAD);
-		if (!h)
+		if (!h && load)
 			h = dlopen(so, RTLD_NOW);
 		if (h) {
 			for (int i = 0; i < TS_COUNT; i++)
@@ -115,19 +118,31 @@ static void resolve(int lib)
 
 void *tessera_real(enum tessera_sym s)
 {
-	resolve(syms[s].lib);
+	resolve(syms[s].lib, 1);
 	return real_fn[s];
 }
 
-/* wrap is the library's wrapper of the driver's pointer p, or p. */
+/* wrap is the library's wrapper of the driver's pointer p, or p. It never
+ * loads a library: a pointer of the driver's comes from a loaded one. */
 static void *wrap(int lib, void *p)
 {
 	if (!p)
 		return p;
-	resolve(lib);
+	resolve(lib, 0);
 	for (int i = 0; i < TS_COUNT; i++)
 		if (syms[i].lib == lib && syms[i].wrapper && real_fn[i] == p)
 			return syms[i].wrapper;
+	return p;
+}
+
+/* wrap_named is wrap for a name dlsym was asked: only the names the
+ * library wraps are looked at (cublas*, cudnn* and cudart's cuda* are
+ * not the driver's). */
+static void *wrap_named(const char *name, void *p)
+{
+	for (int i = 0; i < TS_COUNT; i++)
+		if (syms[i].wrapper && strcmp(syms[i].name, name) == 0)
+			return wrap(syms[i].lib, p);
 	return p;
 }
 
@@ -141,7 +156,7 @@ UNINSTRUMENTED void *dlsym(void *handle, const char *name)
 	int nvml = name[0] == 'n' && name[1] == 'v' && name[2] == 'm' && name[3] == 'l';
 	if (!p || (!cuda && !nvml))
 		return p; /* not the driver's: no instrumented code on this path */
-	return wrap(cuda ? LIB_CUDA : LIB_NVML, p);
+	return wrap_named(name, p);
 }
 
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags)

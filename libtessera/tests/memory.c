@@ -30,6 +30,9 @@ int main(void)
 	CU(cuMemAlloc_v2(&b, 424 * MiB));
 	CHECK(free_now() == 0, "free %zu after the whole grant was allocated", free_now());
 	CHECK(cuMemAlloc_v2(&c, 1) == CUDA_ERROR_OUT_OF_MEMORY, "one byte past the grant was allowed");
+	CHECK(cuMemAlloc_v2(&c, (size_t)-1) == CUDA_ERROR_OUT_OF_MEMORY && free_now() == 0, "a size past 2^63 changed the count: free %zu", free_now());
+	size_t huge_pitch;
+	CHECK(cuMemAllocPitch_v2(&c, &huge_pitch, (size_t)1 << 40, (size_t)1 << 40, 4) == CUDA_ERROR_OUT_OF_MEMORY, "an overflowing pitched size was allowed");
 	CU(cuMemFree_v2(b));
 	CHECK(free_now() == (size_t)(424 * MiB), "free %zu after freeing 424 MiB", free_now());
 	CHECK(cuMemFree_v2(b) != CUDA_SUCCESS, "a double free succeeded");
