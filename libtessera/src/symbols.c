@@ -18,6 +18,21 @@
 
 #include "libtessera.h"
 
+/*
+ * dlopen and dlvsym moved into the C library in glibc 2.34, and a build
+ * there binds them to their 2.34 versions, which an older glibc in a
+ * tenant's image lacks: the loader would refuse to preload the library.
+ * Bound to their first versions, they come from libdl on an older glibc
+ * and from the C library's compatibility symbols on a newer one.
+ */
+#if defined(__x86_64__)
+__asm__(".symver dlopen,dlopen@GLIBC_2.2.5");
+__asm__(".symver dlvsym,dlvsym@GLIBC_2.2.5");
+#elif defined(__aarch64__)
+__asm__(".symver dlopen,dlopen@GLIBC_2.17");
+__asm__(".symver dlvsym,dlvsym@GLIBC_2.17");
+#endif
+
 enum { LIB_CUDA, LIB_NVML };
 
 struct sym {

@@ -29,6 +29,17 @@ run() {
 	fi
 }
 
+# The shipped library asks nothing of the C library newer than glibc 2.17
+# (2012): a tenant image with an older glibc than the build's must still
+# preload it.
+newest=$(objdump -T "$out/libtessera.so" | grep -oE 'GLIBC_[0-9]+\.[0-9]+(\.[0-9]+)?' | sort -uV | tail -1)
+if [ "$(printf '%s\nGLIBC_2.17\n' "$newest" | sort -V | tail -1)" != GLIBC_2.17 ]; then
+	echo "FAIL [shipped] needs $newest of the C library; an older tenant image could not preload it"
+	failed=1
+else
+	echo "[shipped] ok   needs nothing newer than $newest of the C library"
+fi
+
 for f in "$@"; do
 	b=$out/$f
 	run "$f" memory "$b/memory"

@@ -46,7 +46,8 @@ type Tenant struct {
 	State string `json:"state"`
 	// Isolation is what holds the slice, per dimension, by the GPU's offer
 	// in its agent's inventory and the rule the agent applies
-	// (gpu.GuaranteeOf): device, kernel, mps-server, mps-client or none.
+	// (gpu.GuaranteeOf): device, kernel, mps-server, shim, mps-client or
+	// none.
 	Isolation gpu.Guarantee `json:"isolation"`
 	grant     gpu.GPUGrant
 	// recorded is what the agent recorded on the pod when the container
