@@ -198,7 +198,7 @@ func checkIsolation(f NodeFacts, o NodeOptions) []Finding {
 			case !g.KernelLimits:
 				out = append(out, Finding{ID: "isolation.kernel-memory", Severity: Info, Subject: subject,
 					Summary: "the driver offers no per-cgroup memory limits: time-sliced slices' memory is held by libtessera inside the container (shim), not by the kernel", Evidence: "driver " + f.Driver + ": NVML memory limits not supported",
-					Remedy: "Nothing to do for tenants that use CUDA (the agent's --shim-dir, chart agent.shim, puts libtessera in their containers); against one that bypasses CUDA's driver API only the kernel holds: upgrade to a driver whose NVML has nvmlDeviceSetMemoryLimits (whether it answers is what counts), and pods that need it ask tessera.dev/isolation: memory-hard."})
+					Remedy: "Nothing to do for tenants that use CUDA: the agent's --shim-dir (chart agent.shim) preloads the shim into their containers. Against one that bypasses CUDA's driver API only the kernel holds: upgrade to a driver whose NVML has nvmlDeviceSetMemoryLimits (whether it answers is what counts), and pods that need it ask tessera.dev/isolation: memory-hard."})
 			default:
 				out = append(out, pass("isolation.kernel-memory", subject, "NVML per-cgroup memory limits offered", "driver "+f.Driver))
 			}
