@@ -138,5 +138,6 @@ int64_t tessera_now_ns(void);
 /* tessera_pid is getpid, cached; tessera_forked resets it in a child. */
 int tessera_pid(void);
 void tessera_forked(void);
+void tessera_forked_symbols(void);
 
 #endif

@@ -45,7 +45,18 @@ int tessera_pid(void)
 	return pid;
 }
 
-void tessera_forked(void) { atomic_store(&cached_pid, getpid()); }
+static _Atomic int slot_spin;
+
+/* tessera_forked runs in a forked child: its pid, and the spin locks a
+ * thread of the parent may have held at the fork (only the forking
+ * thread lives on in the child, so nobody would release them). */
+void tessera_forked(void)
+{
+	atomic_store(&cached_pid, getpid());
+	atomic_store(&state_spin, 0);
+	atomic_store(&slot_spin, 0);
+	tessera_forked_symbols();
+}
 
 int64_t tessera_now_ns(void)
 {
@@ -272,8 +283,6 @@ int tessera_reclaim_dead(void)
 	}
 	return freed;
 }
-
-static _Atomic int slot_spin;
 
 int tessera_slot(void)
 {

@@ -131,6 +131,8 @@ static void resolve(int lib, int load)
 	atomic_store(&resolving, 0);
 }
 
+void tessera_forked_symbols(void) { atomic_store(&resolving, 0); }
+
 void *tessera_real(enum tessera_sym s)
 {
 	resolve(syms[s].lib, 1);
