@@ -44,6 +44,7 @@ for f in "$@"; do
 	b=$out/$f
 	run "$f" memory "$b/memory"
 	run "$f" entry "$b/entry"
+	LD_LIBRARY_PATH=$b run "$f" noload "$b/noload"
 	run "$f" fork "$b/fork"
 	run "$f" processes "$b/processes"
 	run "$f" threads "$b/threads"
