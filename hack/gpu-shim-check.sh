@@ -62,7 +62,7 @@ TESSERA_TEST_DIR=$work/mem LD_PRELOAD=$lib "$py" "$work/mem.py" || fail "the 8 G
 rm -f "$work/mem/usage"
 TESSERA_TEST_DIR=$work/mem LD_PRELOAD=$lib PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "$py" "$work/mem.py" ||
 	fail "the 8 GiB grant (expandable segments: cuMemCreate)"
-echo "nvidia-smi with the library: $(TESSERA_TEST_DIR=$work/mem LD_PRELOAD=$lib nvidia-smi -i 0 --query-gpu=memory.total,memory.used --format=csv,noheader 2>&1)"
+echo "nvidia-smi with the library: $(TESSERA_TEST_DIR=$work/mem LD_PRELOAD=$lib nvidia-smi -i "$idx" --query-gpu=memory.total,memory.used --format=csv,noheader 2>&1)"
 
 echo "== 2. compute: 30 % and 70 %, 20 s of matrix products each"
 cat >"$work/mm.py" <<'PY'

@@ -79,7 +79,49 @@ static __thread struct {
 	unsigned generation; /* the fork generation the ring belongs to */
 } ring;
 
+/* Events for reuse, per thread, of one context: creating and destroying
+ * two per launch would cost two driver calls more each. */
+#define POOL 64
+static __thread struct {
+	CUevent ev[POOL];
+	int n;
+	CUcontext ctx;
+	unsigned generation;
+} pool;
+
 static _Atomic unsigned fork_generation;
+
+/* event is an event of ctx, reused or new; NULL when none can be made. */
+static CUevent event(CUcontext ctx)
+{
+	unsigned gen = atomic_load_explicit(&fork_generation, memory_order_relaxed);
+	if (pool.generation != gen) {
+		pool.n = 0; /* the parent's events: not this process's to use */
+		pool.generation = gen;
+	}
+	if (pool.ctx == ctx && pool.n > 0)
+		return pool.ev[--pool.n];
+	CUevent e = NULL;
+	if (REAL(cuEventCreate)(&e, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
+		return NULL;
+	return e;
+}
+
+/* release keeps e, an event of ctx, for the next launch in ctx. */
+static void release(CUevent e, CUcontext ctx)
+{
+	if (!e)
+		return;
+	if (pool.ctx != ctx) {
+		while (pool.n > 0)
+			REAL(cuEventDestroy_v2)(pool.ev[--pool.n]);
+		pool.ctx = ctx;
+	}
+	if (pool.n < POOL)
+		pool.ev[pool.n++] = e;
+	else
+		REAL(cuEventDestroy_v2)(e);
+}
 
 void tessera_forget_launches(void)
 {
@@ -100,8 +142,8 @@ static void correct(int g, int64_t delta_gpu_ns)
 
 static void done(struct pending *e)
 {
-	REAL(cuEventDestroy_v2)(e->start);
-	REAL(cuEventDestroy_v2)(e->end);
+	release(e->start, e->ctx);
+	release(e->end, e->ctx);
 }
 
 /* harvest charges the launches whose events have completed, oldest first;
@@ -180,12 +222,11 @@ void tessera_throttle(struct tessera_launch *l, uint64_t key, CUstream stream, i
 	l->g = g;
 	l->key = key;
 	l->est = est;
-	if (REAL(cuEventCreate)(&l->start, CU_EVENT_DEFAULT) == CUDA_SUCCESS) {
-		if (REAL(cuEventRecord)(l->start, stream) == CUDA_SUCCESS &&
-		    REAL(cuEventCreate)(&l->end, CU_EVENT_DEFAULT) == CUDA_SUCCESS)
+	if (REAL(cuCtxGetCurrent)(&l->ctx) == CUDA_SUCCESS && (l->start = event(l->ctx)) != NULL) {
+		if (REAL(cuEventRecord)(l->start, stream) == CUDA_SUCCESS && (l->end = event(l->ctx)) != NULL)
 			l->measured = 1;
 		else
-			REAL(cuEventDestroy_v2)(l->start);
+			release(l->start, l->ctx);
 	}
 	if (exchanged)
 		REAL(cuThreadExchangeStreamCaptureMode)(&mode);
@@ -198,7 +239,7 @@ void tessera_launched(struct tessera_launch *l, CUstream stream, int ptsz, CUres
 	if (r != CUDA_SUCCESS) {
 		correct(l->g, -l->est); /* it will not run */
 		if (l->measured)
-			done(&(struct pending){.start = l->start, .end = l->end});
+			done(&(struct pending){.start = l->start, .end = l->end, .ctx = l->ctx});
 		return;
 	}
 	if (!l->measured)
@@ -206,10 +247,10 @@ void tessera_launched(struct tessera_launch *l, CUstream stream, int ptsz, CUres
 	if (ptsz && stream == NULL)
 		stream = (CUstream)0x2;
 	if (REAL(cuEventRecord)(l->end, stream) != CUDA_SUCCESS) {
-		done(&(struct pending){.start = l->start, .end = l->end});
+		done(&(struct pending){.start = l->start, .end = l->end, .ctx = l->ctx});
 		return;
 	}
-	ring.p[ring.head % RING] = (struct pending){.start = l->start, .end = l->end, .g = l->g, .key = l->key, .est = l->est};
+	ring.p[ring.head % RING] = (struct pending){.start = l->start, .end = l->end, .ctx = l->ctx, .g = l->g, .key = l->key, .est = l->est};
 	ring.head++;
 }
 

@@ -123,6 +123,7 @@ struct tessera_launch {
 	uint64_t key;
 	int64_t est; /* GPU ns charged in advance */
 	int measured;
+	CUcontext ctx;
 	CUevent start, end;
 };
 void tessera_throttle(struct tessera_launch *l, uint64_t key, CUstream stream, int ptsz);
