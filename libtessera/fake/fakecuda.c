@@ -348,6 +348,11 @@ CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { return cuGraphLaunch(e,
 CUresult cuGraphExecDestroy(CUgraphExec e) { free(e); return CUDA_SUCCESS; }
 CUresult cuGraphDestroy(CUgraph g) { free(g); return CUDA_SUCCESS; }
 
+/* A version newer than the library knows, as a future driver may add:
+ * cuGetProcAddress hands it out for CUDA 13.5 and later. */
+CUresult cuMemAlloc_v3(CUdeviceptr *p, size_t n);
+CUresult cuMemAlloc_v3(CUdeviceptr *p, size_t n) { return cuMemAlloc_v2(p, n); }
+
 /* The legacy 32-bit entry points exist in the real driver too. */
 CUresult cuMemAlloc(unsigned int *p, unsigned int n) { return CUDA_ERROR_NOT_SUPPORTED; }
 CUresult cuMemGetInfo(unsigned int *f, unsigned int *t) { return CUDA_ERROR_NOT_SUPPORTED; }
@@ -373,7 +378,7 @@ static const struct {
 	E(cuModuleLoadData) E(cuModuleGetFunction) E(cuLaunchKernel) E(cuLaunchKernel_ptsz) E(cuLaunchKernelEx)
 	E(cuLaunchKernelEx_ptsz) E(cuLaunchCooperativeKernel) E(cuLaunchCooperativeKernel_ptsz) E(cuLaunch) E(cuLaunchGrid)
 	E(cuLaunchGridAsync) E(cuGraphInstantiateWithFlags) E(cuGraphLaunch) E(cuGraphLaunch_ptsz) E(cuGraphExecDestroy)
-	E(cuGraphDestroy) E(cuMemAlloc) E(cuMemGetInfo) E(cuGetProcAddress) E(cuGetProcAddress_v2)
+	E(cuGraphDestroy) E(cuMemAlloc) E(cuMemGetInfo) E(cuGetProcAddress) E(cuGetProcAddress_v2) E(cuMemAlloc_v3)
 };
 
 static void *find(const char *name)
@@ -390,6 +395,10 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint
 	void *f = NULL;
 	if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
 		snprintf(name, sizeof(name), "%s_ptsz", symbol);
+		f = find(name);
+	}
+	if (!f && !strchr(symbol, '_') && version >= 13050) {
+		snprintf(name, sizeof(name), "%s_v3", symbol);
 		f = find(name);
 	}
 	if (!f && !strchr(symbol, '_') && strcmp(symbol, "cuGetProcAddress") != 0) {

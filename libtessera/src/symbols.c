@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <sched.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "libtessera.h"
@@ -139,27 +140,58 @@ void *tessera_real(enum tessera_sym s)
 	return real_fn[s];
 }
 
-/* wrap is the library's wrapper of the driver's pointer p, or p. It never
- * loads a library: a pointer of the driver's comes from a loaded one. */
-static void *wrap(int lib, void *p)
+/* base_len is the length of a name without its version and stream
+ * suffixes: cuMemAlloc for cuMemAlloc_v2, cuLaunchKernel for
+ * cuLaunchKernel_ptsz. */
+static size_t base_len(const char *name)
+{
+	size_t n = strlen(name);
+	for (;;) {
+		if (n > 5 && (memcmp(name + n - 5, "_ptsz", 5) == 0 || memcmp(name + n - 5, "_ptds", 5) == 0)) {
+			n -= 5;
+			continue;
+		}
+		size_t k = n;
+		while (k > 0 && name[k - 1] >= '0' && name[k - 1] <= '9')
+			k--;
+		if (k < n && k >= 2 && name[k - 1] == 'v' && name[k - 2] == '_') {
+			n = k - 2;
+			continue;
+		}
+		return n;
+	}
+}
+
+/* guarded says name is of a family the library wraps (any version of
+ * cuMemAlloc, of cuLaunchKernel…). */
+static int guarded(int lib, const char *name)
+{
+	size_t n = base_len(name);
+	for (int i = 0; i < TS_COUNT; i++)
+		if (syms[i].lib == lib && syms[i].wrapper && base_len(syms[i].name) == n && strncmp(syms[i].name, name, n) == 0)
+			return 1;
+	return 0;
+}
+
+/* wrap is the library's wrapper of the driver's pointer p for name. A
+ * pointer the library does not know, of a family it wraps, is a version
+ * newer than the library: handing it out would go around the limits, so
+ * it is refused (NULL), and the library says so. It never loads a
+ * library: a pointer of the driver's comes from a loaded one. */
+static void *wrap(int lib, const char *name, void *p)
 {
 	if (!p)
 		return p;
 	resolve(lib, 0);
 	for (int i = 0; i < TS_COUNT; i++)
-		if (syms[i].lib == lib && syms[i].wrapper && real_fn[i] == p)
+		if (syms[i].lib == lib && syms[i].wrapper && (real_fn[i] == p || syms[i].wrapper == p))
 			return syms[i].wrapper;
-	return p;
-}
-
-/* wrap_named is wrap for a name dlsym was asked: only the names the
- * library wraps are looked at (cublas*, cudnn* and cudart's cuda* are
- * not the driver's). */
-static void *wrap_named(const char *name, void *p)
-{
-	for (int i = 0; i < TS_COUNT; i++)
-		if (syms[i].wrapper && strcmp(syms[i].name, name) == 0)
-			return wrap(syms[i].lib, p);
+	if (name && guarded(lib, name)) {
+		char why[300];
+		snprintf(why, sizeof(why), "the driver's %.80s is a version this library does not know: refused, so that it cannot go around the slice's limits (update libtessera)", name);
+		tessera_complain(why);
+		return NULL;
+	}
 	return p;
 }
 
@@ -173,21 +205,24 @@ UNINSTRUMENTED void *dlsym(void *handle, const char *name)
 	int nvml = name[0] == 'n' && name[1] == 'v' && name[2] == 'm' && name[3] == 'l';
 	if (!p || (!cuda && !nvml))
 		return p; /* not the driver's: no instrumented code on this path */
-	return wrap_named(name, p);
+	return wrap(cuda ? LIB_CUDA : LIB_NVML, name, p);
 }
 
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags)
 {
 	CUresult r = REAL(cuGetProcAddress)(symbol, pfn, version, flags);
-	if (r == CUDA_SUCCESS && pfn)
-		*pfn = wrap(LIB_CUDA, *pfn);
+	if (r == CUDA_SUCCESS && pfn && !(*pfn = wrap(LIB_CUDA, symbol, *pfn)))
+		return CUDA_ERROR_NOT_FOUND;
 	return r;
 }
 
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags, int *status)
 {
 	CUresult r = REAL(cuGetProcAddress_v2)(symbol, pfn, version, flags, status);
-	if (r == CUDA_SUCCESS && pfn)
-		*pfn = wrap(LIB_CUDA, *pfn);
+	if (r == CUDA_SUCCESS && pfn && !(*pfn = wrap(LIB_CUDA, symbol, *pfn))) {
+		if (status)
+			*status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+		return CUDA_ERROR_NOT_FOUND;
+	}
 	return r;
 }

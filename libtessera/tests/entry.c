@@ -53,6 +53,18 @@ int main(void)
 	CU(((getproc_fn)gp)("cuMemAlloc", &p, 12000, 0, &status));
 	CHECK(in_library(p), "cuMemAlloc through a cuGetProcAddress got from cuGetProcAddress is the driver's own");
 
+	/* A version of a wrapped entry point newer than the library (the fake
+	 * has cuMemAlloc_v3 for CUDA 13.5) is refused, not handed out
+	 * unwrapped; an entry point the library does not wrap is the
+	 * driver's. */
+	CHECK(dlsym(h, "cuMemAlloc_v3") == NULL, "dlsym handed out cuMemAlloc_v3, which the library does not know");
+	p = (void *)1;
+	status = -1;
+	CHECK(getproc("cuMemAlloc", &p, 13050, 0, &status) == CUDA_ERROR_NOT_FOUND && p == NULL && status == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND,
+	      "cuGetProcAddress(cuMemAlloc, 13.5) handed out the driver's unknown version (%p, status %d)", p, status);
+	void *rec = dlsym(h, "cuEventRecord");
+	CHECK(rec && !in_library(rec), "cuEventRecord, which the library does not wrap, was not the driver's");
+
 	/* The legacy 32-bit allocation cannot be counted: refused. */
 	CUresult (*legacy)(unsigned *, unsigned) = (CUresult(*)(unsigned *, unsigned))dlsym(h, "cuMemAlloc");
 	unsigned small;
