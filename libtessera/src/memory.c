@@ -107,14 +107,15 @@ static void in_child(void)
 
 __attribute__((constructor)) static void at_load(void) { pthread_atfork(NULL, NULL, in_child); }
 
-/* device is the limit index allocations go to now: the current context's
- * GPU. Without a grant (or limits) it refuses; without a context the
- * driver does. */
-#define DEVICE_OR_REFUSE(g)                        \
-	int g = tessera_current_index();           \
-	if (g == TESSERA_NO_CONTEXT)               \
-		return real_call;                  \
-	if (g < 0)                                 \
+/* DEVICE declares g, the limit index allocations go to now: the current
+ * context's GPU. Without a context the call (real with the arguments
+ * given) goes to the driver, which refuses it; without a grant (or
+ * limits) it is refused here. */
+#define DEVICE(g, ...)                        \
+	int g = tessera_current_index();      \
+	if (g == TESSERA_NO_CONTEXT)          \
+		return real(__VA_ARGS__);     \
+	if (g < 0)                            \
 		return CUDA_ERROR_OUT_OF_MEMORY
 
 static CUresult counted(int kind, int g, int64_t bytes, CUresult r, uint64_t key)
@@ -134,66 +135,27 @@ static CUresult counted(int kind, int g, int64_t bytes, CUresult r, uint64_t key
 		return counted(kind, g, (int64_t)(bytes), r_, r_ == CUDA_SUCCESS ? (uint64_t)(key) : 0); \
 	} while (0)
 
-CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
-{
-	GET_REAL(cuMemAlloc_v2, CUDA_ERROR_NOT_FOUND);
-#define real_call real(dptr, size)
-	DEVICE_OR_REFUSE(g);
-	ALLOC(KIND_PTR, g, size, real_call, *dptr);
-#undef real_call
-}
+/* POINTER_ALLOC defines the wrapper of an allocation that returns a device
+ * pointer in *dptr, of size bytes, on the current context's GPU. */
+#define POINTER_ALLOC(name, params, ...)                             \
+	CUresult name params                                         \
+	{                                                            \
+		GET_REAL(name, CUDA_ERROR_NOT_FOUND);                \
+		DEVICE(g, __VA_ARGS__);                              \
+		ALLOC(KIND_PTR, g, size, real(__VA_ARGS__), *dptr);  \
+	}
 
-CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags)
-{
-	GET_REAL(cuMemAllocManaged, CUDA_ERROR_NOT_FOUND);
-#define real_call real(dptr, size, flags)
-	DEVICE_OR_REFUSE(g);
-	ALLOC(KIND_PTR, g, size, real_call, *dptr);
-#undef real_call
-}
-
-CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stream)
-{
-	GET_REAL(cuMemAllocAsync, CUDA_ERROR_NOT_FOUND);
-#define real_call real(dptr, size, stream)
-	DEVICE_OR_REFUSE(g);
-	ALLOC(KIND_PTR, g, size, real_call, *dptr);
-#undef real_call
-}
-
-CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream stream)
-{
-	GET_REAL(cuMemAllocAsync_ptsz, CUDA_ERROR_NOT_FOUND);
-#define real_call real(dptr, size, stream)
-	DEVICE_OR_REFUSE(g);
-	ALLOC(KIND_PTR, g, size, real_call, *dptr);
-#undef real_call
-}
-
-CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream stream)
-{
-	GET_REAL(cuMemAllocFromPoolAsync, CUDA_ERROR_NOT_FOUND);
-#define real_call real(dptr, size, pool, stream)
-	DEVICE_OR_REFUSE(g);
-	ALLOC(KIND_PTR, g, size, real_call, *dptr);
-#undef real_call
-}
-
-CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream stream)
-{
-	GET_REAL(cuMemAllocFromPoolAsync_ptsz, CUDA_ERROR_NOT_FOUND);
-#define real_call real(dptr, size, pool, stream)
-	DEVICE_OR_REFUSE(g);
-	ALLOC(KIND_PTR, g, size, real_call, *dptr);
-#undef real_call
-}
+POINTER_ALLOC(cuMemAlloc_v2, (CUdeviceptr * dptr, size_t size), dptr, size)
+POINTER_ALLOC(cuMemAllocManaged, (CUdeviceptr * dptr, size_t size, unsigned int flags), dptr, size, flags)
+POINTER_ALLOC(cuMemAllocAsync, (CUdeviceptr * dptr, size_t size, CUstream stream), dptr, size, stream)
+POINTER_ALLOC(cuMemAllocAsync_ptsz, (CUdeviceptr * dptr, size_t size, CUstream stream), dptr, size, stream)
+POINTER_ALLOC(cuMemAllocFromPoolAsync, (CUdeviceptr * dptr, size_t size, CUmemoryPool pool, CUstream stream), dptr, size, pool, stream)
+POINTER_ALLOC(cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr * dptr, size_t size, CUmemoryPool pool, CUstream stream), dptr, size, pool, stream)
 
 CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned int elem)
 {
 	GET_REAL(cuMemAllocPitch_v2, CUDA_ERROR_NOT_FOUND);
-#define real_call real(dptr, pitch, width, height, elem)
-	DEVICE_OR_REFUSE(g);
-#undef real_call
+	DEVICE(g, dptr, pitch, width, height, elem);
 	/* The pitch is known only after the call: count the rows' bytes
 	 * first, then what padding adds, and give it back if that is past
 	 * the grant. */
@@ -293,9 +255,7 @@ static int64_t array_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels)
 CUresult cuArrayCreate_v2(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR *desc)
 {
 	GET_REAL(cuArrayCreate_v2, CUDA_ERROR_NOT_FOUND);
-#define real_call real(handle, desc)
-	DEVICE_OR_REFUSE(g);
-#undef real_call
+	DEVICE(g, handle, desc);
 	if (!desc || !handle)
 		return real(handle, desc);
 	CUDA_ARRAY3D_DESCRIPTOR d3 = {desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, 0};
@@ -305,9 +265,7 @@ CUresult cuArrayCreate_v2(CUarray *handle, const CUDA_ARRAY_DESCRIPTOR *desc)
 CUresult cuArray3DCreate_v2(CUarray *handle, const CUDA_ARRAY3D_DESCRIPTOR *desc)
 {
 	GET_REAL(cuArray3DCreate_v2, CUDA_ERROR_NOT_FOUND);
-#define real_call real(handle, desc)
-	DEVICE_OR_REFUSE(g);
-#undef real_call
+	DEVICE(g, handle, desc);
 	if (!desc || !handle)
 		return real(handle, desc);
 	ALLOC(KIND_ARRAY, g, array_bytes(desc, 1), real(handle, desc), *handle);
@@ -322,9 +280,7 @@ CUresult cuArrayDestroy(CUarray handle)
 CUresult cuMipmappedArrayCreate(CUmipmappedArray *handle, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels)
 {
 	GET_REAL(cuMipmappedArrayCreate, CUDA_ERROR_NOT_FOUND);
-#define real_call real(handle, desc, levels)
-	DEVICE_OR_REFUSE(g);
-#undef real_call
+	DEVICE(g, handle, desc, levels);
 	if (!desc || !handle)
 		return real(handle, desc, levels);
 	ALLOC(KIND_MIPMAP, g, array_bytes(desc, levels), real(handle, desc, levels), *handle);

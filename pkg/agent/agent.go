@@ -460,7 +460,7 @@ func (a *Agent) tenancy() map[string]gpuTenancy {
 		if err != nil || asg == nil || asg.Node != a.opts.Node {
 			continue
 		}
-		finished := p.Status.Phase == v1.PodSucceeded || p.Status.Phase == v1.PodFailed
+		finished := podgpu.Finished(p)
 		w, _ := gpu.ParseWorkloadClass(p.Annotations[gpu.AnnotationWorkload])
 		for _, c := range asg.Containers {
 			for _, g := range c.GPUs {
@@ -783,7 +783,7 @@ func (a *Agent) collectShim(ctx context.Context) {
 	}
 	live := map[string]bool{}
 	for _, p := range a.opts.NodePods() {
-		if p.Status.Phase != v1.PodSucceeded && p.Status.Phase != v1.PodFailed {
+		if !podgpu.Finished(p) {
 			live[string(p.UID)] = true
 		}
 	}

@@ -508,15 +508,17 @@ func (e *Enforcer) mpsConnectedUnder(uid types.UID, uuid string) (gpu.MPSServerL
 // isolationCondition is the pod condition for its slices' guarantees.
 func isolationCondition(gs []gpu.SliceGuarantee, now time.Time) v1.PodCondition {
 	status, reason := v1.ConditionTrue, "Enforced"
+	shim := false
 	for _, g := range gs {
 		if !g.Memory.Enforced() || !g.Compute.Enforced() {
 			status, reason = v1.ConditionFalse, "PartlyAccounted"
 		}
+		shim = shim || gpu.NeedsShim([]gpu.Guarantee{g.Guarantee})
 	}
 	msg := gpu.FormatSliceGuarantees(gs)
 	if status == v1.ConditionFalse {
 		msg += " (none: accounted by the scheduler, not held; mps-client: held only for a client that keeps its CUDA_MPS_* variables)"
-	} else if strings.Contains(msg, "="+string(gpu.MechanismShim)) {
+	} else if shim {
 		msg += " (shim: held by libtessera in the container, for every program that uses CUDA's driver API)"
 	}
 	return v1.PodCondition{Type: ConditionGPUIsolation, Status: status, Reason: reason, Message: msg, LastTransitionTime: metav1.NewTime(now)}

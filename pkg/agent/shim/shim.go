@@ -9,11 +9,11 @@ package shim
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 
+	"github.com/tessera-gpu/tessera/pkg/agent/tenantdir"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 )
 
@@ -66,26 +66,23 @@ var ErrNoLibrary = errors.New("libtessera not found")
 // Install makes root the shim directory, with the library copied from
 // library (the runtime bind-mounts host paths, and the agent's own image is
 // not one) and the ld.so.preload file. It is safe to run again: each file
-// is replaced whole, so a container starting meanwhile sees the old or the
-// new one.
+// is replaced whole (tenantdir.WriteFile), so a container starting
+// meanwhile sees the old or the new one.
 func Install(root, library string) (*Dir, error) {
-	src, err := os.Open(library)
+	lib, err := os.ReadFile(library)
 	if err != nil {
 		return nil, fmt.Errorf("%w at %s (--shim-library): %v", ErrNoLibrary, library, err)
 	}
-	defer src.Close()
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return nil, err
 	}
-	d := &Dir{root: root}
-	if err := replace(d.libraryPath(), 0o755, func(w io.Writer) error { _, err := io.Copy(w, src); return err }); err != nil {
-		return nil, fmt.Errorf("copying libtessera to %s: %w", d.libraryPath(), err)
+	if err := tenantdir.WriteFile(root, "libtessera.so", lib, 0o755); err != nil {
+		return nil, fmt.Errorf("copying libtessera: %w", err)
 	}
-	preload := []byte(LibraryInContainer + "\n")
-	if err := replace(filepath.Join(root, "ld.so.preload"), 0o644, func(w io.Writer) error { _, err := w.Write(preload); return err }); err != nil {
+	if err := tenantdir.WriteFile(root, "ld.so.preload", []byte(LibraryInContainer+"\n"), 0o644); err != nil {
 		return nil, err
 	}
-	return d, nil
+	return &Dir{root: root}, nil
 }
 
 func (d *Dir) libraryPath() string { return filepath.Join(d.root, "libtessera.so") }
@@ -118,10 +115,10 @@ func (d *Dir) Prepare(podUID, container string, limits []byte) ([]Mount, error) 
 	if err := os.Chmod(run, 0o777); err != nil {
 		return nil, err
 	}
-	path := filepath.Join(dir, "limits")
-	if err := replace(path, 0o644, func(w io.Writer) error { _, err := w.Write(limits); return err }); err != nil {
+	if err := tenantdir.WriteFile(dir, "limits", limits, 0o644); err != nil {
 		return nil, fmt.Errorf("shim: limits of %s/%s: %w", podUID, container, err)
 	}
+	path := filepath.Join(dir, "limits")
 	return []Mount{
 		{HostPath: d.libraryPath(), ContainerPath: LibraryInContainer, ReadOnly: true},
 		{HostPath: filepath.Join(d.root, "ld.so.preload"), ContainerPath: PreloadInContainer, ReadOnly: true},
@@ -151,24 +148,4 @@ func (d *Dir) Collect(keep func(podUID string) bool) (int, error) {
 		removed++
 	}
 	return removed, nil
-}
-
-// replace writes a file whole: to a temporary name, then renamed over.
-func replace(path string, mode os.FileMode, write func(io.Writer) error) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
-	if err != nil {
-		return err
-	}
-	if err := write(f); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Chmod(tmp, mode); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
