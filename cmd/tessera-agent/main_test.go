@@ -109,6 +109,11 @@ func TestChartArgsAreTheAgents(t *testing.T) {
 	if err := os.WriteFile(kc, []byte(kubeconfig), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// The library the image would hold, given as an operator would.
+	lib := filepath.Join(dir, "libtessera.so")
+	if err := os.WriteFile(lib, []byte("library"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	defer func(f func() gonvml.Interface) { newNVML = f }(newNVML)
 	newNVML = func() gonvml.Interface {
 		s := dgxh100.New()
@@ -121,13 +126,17 @@ func TestChartArgsAreTheAgents(t *testing.T) {
 	local := []string{"--node", "n1", "--kubeconfig", kc, "--metrics-addr", "127.0.0.1:0", "--cgroup-root=", "--driver-root=",
 		"--device-plugin-dir", dir, "--pod-resources-socket", filepath.Join(dir, "pr.sock"), "--cdi-dir", filepath.Join(dir, "cdi"),
 		"--mps-root", filepath.Join(dir, "mps"), "--preemption-dir", filepath.Join(dir, "preemption"), "--host-root=",
-		"--shim-dir", filepath.Join(dir, "shim")}
+		"--shim-dir", filepath.Join(dir, "shim"), "--shim-library", lib}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	var errOut bytes.Buffer
 	code := run(ctx, append(args, local...), &errOut)
 	if code == exitNoDriver || code == exitUsage || !strings.Contains(errOut.String(), "publish GPU inventory of node n1") {
 		t.Fatalf("the agent with the chart's no-GPU mode exited %d: %s; want it past the driver, publishing the empty node's inventory", code, errOut.String())
+	}
+	// --shim-library was read and put where --shim-dir says.
+	if b, err := os.ReadFile(filepath.Join(dir, "shim", "libtessera.so")); err != nil || string(b) != "library" {
+		t.Errorf("libtessera in --shim-dir: %q, %v; want the --shim-library file", b, err)
 	}
 	t.Logf("exit %d (no API server here): %s", code, strings.TrimSpace(errOut.String()))
 }
