@@ -43,8 +43,8 @@ type Edits struct {
 // "0:memory=kernel,compute=none;1:…" by ordinal.
 const IsolationEnv = "TESSERA_GPU_ISOLATION"
 
-// isolationValue is IsolationEnv's value for the guarantees.
-func isolationValue(gs []gpu.Guarantee) string {
+// IsolationValue is IsolationEnv's value for the guarantees.
+func IsolationValue(gs []gpu.Guarantee) string {
 	parts := make([]string, len(gs))
 	for i, g := range gs {
 		parts[i] = fmt.Sprintf("%d:%s", i, g)
@@ -153,26 +153,39 @@ func WriteSpec(dir string, slots []string, e Edits) error {
 		return err
 	}
 	for i, slot := range slots {
-		spec := &specs.Spec{Kind: CDIKind, Devices: []specs.Device{{Name: slot, ContainerEdits: e.containerEdits(i == 0)}}}
-		v, err := specs.MinimumRequiredVersion(spec)
-		if err != nil {
-			return fmt.Errorf("CDI version for slot %s: %w", slot, err)
-		}
-		spec.Version = newestVersion(v, oldestCDIVersion)
-		b, err := json.MarshalIndent(spec, "", "  ")
-		if err != nil {
-			return err
-		}
-		path := SpecPath(dir, slot)
-		tmp := path + ".tmp"
-		if err := os.WriteFile(tmp, b, 0o644); err != nil {
-			return err
-		}
-		if err := os.Rename(tmp, path); err != nil {
+		if err := writeDeviceSpec(SpecPath(dir, slot), CDIKind, slot, e.containerEdits(i == 0)); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// WriteDeviceSpec writes, at path, the CDI spec of one device kind=name
+// carrying all of e (the driver's edits too), replaced atomically: the DRA
+// driver's spec of a claim.
+func WriteDeviceSpec(path, kind, name string, e Edits) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return writeDeviceSpec(path, kind, name, e.containerEdits(true))
+}
+
+func writeDeviceSpec(path, kind, name string, edits specs.ContainerEdits) error {
+	spec := &specs.Spec{Kind: kind, Devices: []specs.Device{{Name: name, ContainerEdits: edits}}}
+	v, err := specs.MinimumRequiredVersion(spec)
+	if err != nil {
+		return fmt.Errorf("CDI version for %s=%s: %w", kind, name, err)
+	}
+	spec.Version = newestVersion(v, oldestCDIVersion)
+	b, err := json.MarshalIndent(spec, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // newestVersion is the later of two "major.minor.patch" versions.

@@ -327,7 +327,7 @@ func (p *Plugin) PreStartContainer(ctx context.Context, req *pluginapi.PreStartC
 		logger.Error(err, "Not writing the slots' CDI spec")
 		return nil, err
 	}
-	logger.V(2).Info("GPU slots prepared", "slots", req.DevicesIds, "env", e.Env, "isolation", isolationValue(e.Guarantees))
+	logger.V(2).Info("GPU slots prepared", "slots", req.DevicesIds, "env", e.Env, "isolation", IsolationValue(e.Guarantees))
 	return &pluginapi.PreStartContainerResponse{}, nil
 }
 
@@ -417,7 +417,7 @@ func (p *Plugin) editsFor(ctx context.Context, ns, name, container string, slots
 			if e.Guarantees, err = p.enforcer.Isolate(ctx, pod, c); err != nil {
 				return Edits{}, fmt.Errorf("pod %s/%s container %s: its GPU limits could not be set, so it does not start: %w", ns, name, container, err)
 			}
-			e.Env = append(e.Env, IsolationEnv+"="+isolationValue(e.Guarantees))
+			e.Env = append(e.Env, IsolationEnv+"="+IsolationValue(e.Guarantees))
 		}
 		if gpu.NeedsShim(e.Guarantees) {
 			// The library holds these slices: without it in the

@@ -97,10 +97,43 @@ func (d *Dir) containerDir(podUID, container string) string {
 // returns its mounts: the library, ld.so.preload and the limits read-only,
 // the usage directory read-write.
 func (d *Dir) Prepare(podUID, container string, limits []byte) ([]Mount, error) {
-	if podUID == "" || container == "" || strings.ContainsAny(podUID+container, "/\\") || podUID == ".." || container == ".." {
+	if !plainName(podUID) || !plainName(container) {
 		return nil, fmt.Errorf("shim: pod UID %q and container %q must be plain names", podUID, container)
 	}
-	dir := d.containerDir(podUID, container)
+	return d.prepareIn(d.containerDir(podUID, container), limits)
+}
+
+// claimDir is a DRA claim's directory: every container of every pod that
+// shares the claim is one tenant, with one count. Claims live apart from
+// pods, so Collect (which follows pods) never removes a prepared claim's.
+func (d *Dir) claimDir(claimUID string) string {
+	return filepath.Join(d.root, "claims", claimUID)
+}
+
+// PrepareClaim is Prepare for a DRA claim (pkg/agent/dra), keyed by its
+// UID: the claim is prepared once, and every container given it shares its
+// limits and its usage region.
+func (d *Dir) PrepareClaim(claimUID string, limits []byte) ([]Mount, error) {
+	if !plainName(claimUID) {
+		return nil, fmt.Errorf("shim: claim UID %q must be a plain name", claimUID)
+	}
+	return d.prepareIn(d.claimDir(claimUID), limits)
+}
+
+// ReleaseClaim removes a claim's directory (its limits and usage region);
+// removing one that is not there is no error.
+func (d *Dir) ReleaseClaim(claimUID string) error {
+	if !plainName(claimUID) {
+		return fmt.Errorf("shim: claim UID %q must be a plain name", claimUID)
+	}
+	return os.RemoveAll(d.claimDir(claimUID))
+}
+
+func plainName(s string) bool {
+	return s != "" && s != "." && s != ".." && !strings.ContainsAny(s, "/\\")
+}
+
+func (d *Dir) prepareIn(dir string, limits []byte) ([]Mount, error) {
 	run := filepath.Join(dir, "run")
 	// A restarted container starts with a fresh count: its processes
 	// before are gone, and so is what the driver gave them.
@@ -116,7 +149,7 @@ func (d *Dir) Prepare(podUID, container string, limits []byte) ([]Mount, error) 
 		return nil, err
 	}
 	if err := tenantdir.WriteFile(dir, "limits", limits, 0o644); err != nil {
-		return nil, fmt.Errorf("shim: limits of %s/%s: %w", podUID, container, err)
+		return nil, fmt.Errorf("shim: limits in %s: %w", dir, err)
 	}
 	path := filepath.Join(dir, "limits")
 	return []Mount{

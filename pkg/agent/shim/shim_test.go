@@ -103,6 +103,51 @@ func TestInstallPrepareCollect(t *testing.T) {
 	}
 }
 
+// TestClaimDirectories: a DRA claim's directory lives apart from pods'
+// (Collect, which follows pods, leaves it), and ReleaseClaim removes it.
+func TestClaimDirectories(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "libtessera.so")
+	if err := os.WriteFile(src, []byte("library"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	d, err := Install(root, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mounts, err := d.PrepareClaim("claim-1", []byte("GPU-a 1 1\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	limits := filepath.Join(root, "claims", "claim-1", "limits")
+	if len(mounts) != 4 || mounts[2].HostPath != limits || mounts[3].HostPath != filepath.Join(root, "claims", "claim-1", "run") {
+		t.Errorf("claim mounts: %+v", mounts)
+	}
+	if n, err := d.Collect(func(string) bool { return false }); err != nil || n != 0 {
+		t.Errorf("Collect removed %d (%v); a claim is not a pod", n, err)
+	}
+	if _, err := os.Stat(limits); err != nil {
+		t.Errorf("the claim's limits after Collect: %v", err)
+	}
+	for _, bad := range []string{"", "..", "a/b"} {
+		if _, err := d.PrepareClaim(bad, nil); err == nil {
+			t.Errorf("PrepareClaim(%q) accepted", bad)
+		}
+		if err := d.ReleaseClaim(bad); err == nil {
+			t.Errorf("ReleaseClaim(%q) accepted", bad)
+		}
+	}
+	if err := d.ReleaseClaim("claim-1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "claims", "claim-1")); !os.IsNotExist(err) {
+		t.Errorf("the released claim's directory: %v", err)
+	}
+	if err := d.ReleaseClaim("claim-1"); err != nil {
+		t.Errorf("releasing twice: %v", err)
+	}
+}
+
 // TestLibraryReadsTheLimits: what Limits writes is what libtessera
 // (built from libtessera/ with the C compiler, its test flavour against the
 // fake driver) reads: it accepts the file and reports the assignment's

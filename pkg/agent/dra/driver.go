@@ -1,0 +1,390 @@
+package dra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+	"tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
+	"github.com/tessera-gpu/tessera/pkg/agent/shim"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+)
+
+// CDIKind is the CDI vendor/class of prepared claims: a claim's containers
+// get "tessera.dev/claim=<claim UID>". It is not the device plugin's kind,
+// whose collection of slot specs therefore never touches a claim's.
+const CDIKind = "tessera.dev/claim"
+
+// SpecPath is where a claim's CDI spec lives.
+func SpecPath(cdiDir string, claim types.UID) string {
+	return filepath.Join(cdiDir, "tessera-claim-"+string(claim)+".json")
+}
+
+// Inventory is the node's inventory as last published.
+type Inventory interface {
+	Published() *gpu.NodeInventory
+}
+
+// DriverEditor gives the driver's part of a container (its GPUs' device
+// nodes, libraries, hooks): the agent's isolation.Enforcer.
+type DriverEditor interface {
+	DriverEdits(uuids []string) (*specs.ContainerEdits, error)
+}
+
+// Config is what a Driver needs.
+type Config struct {
+	Node string
+	// CDIDir is where claims' CDI specs are written (/var/run/cdi).
+	CDIDir string
+	// StateDir keeps the checkpoint of prepared claims; it must survive an
+	// agent restart (a host directory).
+	StateDir string
+	// Inventory gives the GPUs a claim's devices are checked against.
+	Inventory Inventory
+	// PipeDir is a GPU's MPS pipe directory on the host.
+	PipeDir deviceplugin.PipeDir
+	// DriverEdits, when set, gives the driver's edits for a claim's GPUs.
+	DriverEdits DriverEditor
+	// Shim, when set, puts libtessera into the containers of claims whose
+	// slices it holds; a claim that needs it on an agent without it is
+	// refused.
+	Shim *shim.Dir
+	// HealthEvery is how often device health is reported to kubelet when
+	// nothing changed (10 s when zero; kubelet's own timeout is 30 s).
+	HealthEvery time.Duration
+}
+
+// Driver is the DRA driver's node side: kubeletplugin.DRAPlugin.
+type Driver struct {
+	cfg Config
+
+	// mu guards claims and the checkpoint file: Prepare and Unprepare of
+	// different claims may run at once (the helper serializes gRPC calls
+	// by default, but nothing here relies on it).
+	mu     sync.Mutex
+	claims map[types.UID]*preparedClaim
+
+	// healthMu guards changed, closed and replaced when the inventory's
+	// health may have changed.
+	healthMu sync.Mutex
+	changed  chan struct{}
+}
+
+var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
+
+// New is a driver with the claims its checkpoint holds. A checkpoint it
+// cannot read is an error: claims it recorded could not be unprepared.
+func New(cfg Config) (*Driver, error) {
+	if cfg.StateDir == "" || cfg.CDIDir == "" || cfg.Inventory == nil {
+		return nil, errors.New("DRA driver: a state directory, a CDI directory and the inventory are required")
+	}
+	if cfg.PipeDir == nil {
+		cfg.PipeDir = func(string) string { return "" }
+	}
+	if cfg.HealthEvery <= 0 {
+		cfg.HealthEvery = 10 * time.Second
+	}
+	claims, err := loadCheckpoint(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	return &Driver{cfg: cfg, claims: claims, changed: make(chan struct{})}, nil
+}
+
+// Prepared returns the UIDs of the claims prepared (or being prepared),
+// sorted.
+func (d *Driver) Prepared() []types.UID {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]types.UID, 0, len(d.claims))
+	for uid := range d.claims {
+		out = append(out, uid)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// PrepareResourceClaims prepares each claim on its own: one claim's
+// failure is its own answer, never another's.
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	for _, c := range claims {
+		logger := klog.FromContext(ctx).WithValues("claim", klog.KObj(c), "claimUID", c.UID)
+		devices, err := d.prepare(klog.NewContext(ctx, logger), c)
+		if err != nil {
+			logger.Error(err, "Refusing to prepare the claim")
+			out[c.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)}
+			continue
+		}
+		out[c.UID] = kubeletplugin.PrepareResult{Devices: devices}
+	}
+	return out, nil
+}
+
+// ErrCapacityMissing: an allocation of a shared GPU that does not say how
+// much of it the claim took. The agent does not guess (the scheduler that
+// allocated it ran without consumable capacity), so the claim is refused.
+var ErrCapacityMissing = errors.New("the allocation does not say how much of the GPU the claim consumed (consumable capacity off in the scheduler that allocated it?); refused rather than guessed")
+
+// prepare prepares one claim: its devices checked against the node's GPUs,
+// its edits and limits (as the device plugin's), its CDI spec, and the
+// checkpoint before and after.
+func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
+	if c.Status.Allocation == nil {
+		return nil, errors.New("the claim is not allocated")
+	}
+	var mine []allocatedDevice
+	for _, r := range c.Status.Allocation.Devices.Results {
+		if r.Driver != DriverName {
+			continue
+		}
+		a := allocatedDevice{Request: r.Request, Pool: r.Pool, Device: r.Device}
+		if r.ShareID != nil {
+			a.ShareID = string(*r.ShareID)
+		}
+		mem, okMem := r.ConsumedCapacity[CapacityMemory]
+		cores, okCores := r.ConsumedCapacity[CapacityCores]
+		if !okMem || !okCores {
+			return nil, fmt.Errorf("device %s/%s: %w", r.Pool, r.Device, ErrCapacityMissing)
+		}
+		a.MemoryMiB, a.Cores = (mem.Value()+1<<20-1)>>20, cores.Value()
+		mine = append(mine, a)
+	}
+	if len(mine) == 0 {
+		return nil, nil // nothing of ours in it
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if prev, ok := d.claims[c.UID]; ok && prev.State == statePrepared && slices.Equal(prev.Devices, mine) {
+		return answer(prev), nil // kubelet asks again (a restart): same answer
+	}
+	assignment, err := d.assignment(c, mine)
+	if err != nil {
+		return nil, err
+	}
+	e, err := deviceplugin.EditsFor(assignment, d.cfg.PipeDir)
+	if err != nil {
+		return nil, err
+	}
+	uuids := make([]string, len(assignment.GPUs))
+	for i, g := range assignment.GPUs {
+		uuids[i] = g.UUID
+	}
+	if d.cfg.DriverEdits != nil {
+		if e.Driver, err = d.cfg.DriverEdits.DriverEdits(uuids); err != nil {
+			return nil, fmt.Errorf("the driver's files and device nodes for GPUs %v: %w", uuids, err)
+		}
+	}
+	inv := d.cfg.Inventory.Published()
+	for _, g := range assignment.GPUs {
+		dev := gpuByUUID(inv, g.UUID)
+		e.Guarantees = append(e.Guarantees, gpu.GuaranteeOf(assignment.Mode, g, Offer(dev.Offer()), gpu.MPSServerLimits{ThreadPercent: 100}))
+	}
+	e.Env = append(e.Env, deviceplugin.IsolationEnv+"="+deviceplugin.IsolationValue(e.Guarantees))
+	rec := &preparedClaim{Namespace: c.Namespace, Name: c.Name, State: statePreparing, Devices: mine, CDIDevice: CDIKind + "=" + string(c.UID),
+		Shim: gpu.NeedsShim(e.Guarantees)}
+	if rec.Shim && d.cfg.Shim == nil {
+		return nil, errors.New("its slices are held by libtessera, which this agent was not given (--shim-dir)")
+	}
+	// Recorded before any file is written: an Unprepare after a crash
+	// here knows what to remove.
+	d.claims[c.UID] = rec
+	if err := saveCheckpoint(d.cfg.StateDir, d.claims); err != nil {
+		delete(d.claims, c.UID)
+		return nil, fmt.Errorf("recording the claim in the DRA checkpoint: %w", err)
+	}
+	if rec.Shim {
+		mounts, err := d.cfg.Shim.PrepareClaim(string(c.UID), shim.Limits(assignment))
+		if err != nil {
+			return nil, fmt.Errorf("putting libtessera in the claim's containers: %w", err)
+		}
+		for _, m := range mounts {
+			opt := "rw"
+			if m.ReadOnly {
+				opt = "ro"
+			}
+			e.Mounts = append(e.Mounts, deviceplugin.Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, Options: []string{"rbind", opt}})
+		}
+	}
+	if err := deviceplugin.WriteDeviceSpec(SpecPath(d.cfg.CDIDir, c.UID), CDIKind, string(c.UID), e); err != nil {
+		return nil, fmt.Errorf("writing the claim's CDI spec: %w", err)
+	}
+	rec.State = statePrepared
+	if err := saveCheckpoint(d.cfg.StateDir, d.claims); err != nil {
+		return nil, fmt.Errorf("recording the prepared claim in the DRA checkpoint: %w", err)
+	}
+	klog.FromContext(ctx).V(2).Info("Claim prepared", "mode", assignment.Mode, "gpus", uuids, "env", e.Env, "isolation", deviceplugin.IsolationValue(e.Guarantees))
+	return answer(rec), nil
+}
+
+// assignment is the claim's devices as one container's assignment (every
+// container given the claim shares it), checked against the node's GPUs.
+func (d *Driver) assignment(c *resourceapi.ResourceClaim, devices []allocatedDevice) (gpu.ContainerAssignment, error) {
+	inv := d.cfg.Inventory.Published()
+	if inv == nil {
+		return gpu.ContainerAssignment{}, errors.New("the agent has not read this node's GPUs yet; kubelet retries")
+	}
+	a := gpu.ContainerAssignment{Name: "claim-" + c.Name}
+	for i, r := range devices {
+		if r.Pool != d.cfg.Node {
+			return a, fmt.Errorf("device %s is in pool %q, not this node's (%q)", r.Device, r.Pool, d.cfg.Node)
+		}
+		g := gpuByDevice(inv, r.Device)
+		if g == nil {
+			return a, fmt.Errorf("device %s: no such GPU on this node", r.Device)
+		}
+		if !g.Healthy {
+			return a, fmt.Errorf("device %s (GPU %s) is unhealthy", r.Device, g.UUID)
+		}
+		if slices.ContainsFunc(a.GPUs, func(x gpu.GPUGrant) bool { return x.UUID == g.UUID }) {
+			return a, fmt.Errorf("device %s is allocated to the claim twice", r.Device)
+		}
+		mode, grant, err := grantOf(*g, *resource.NewQuantity(r.MemoryMiB<<20, resource.BinarySI), *resource.NewQuantity(r.Cores, resource.DecimalSI))
+		if err != nil {
+			return a, fmt.Errorf("device %s: %w", r.Device, err)
+		}
+		if i > 0 && mode != a.Mode {
+			return a, fmt.Errorf("device %s would run %s while %s runs %s: a claim's GPUs are all whole or all shared alike", r.Device, mode, devices[0].Device, a.Mode)
+		}
+		a.Mode = mode
+		a.GPUs = append(a.GPUs, grant)
+	}
+	return a, nil
+}
+
+// answer is what kubelet is told of a prepared claim: its CDI device for
+// every request (kubelet gives each container the devices of the requests
+// it names), listed once, on the first device; the others are named for
+// the record.
+func answer(rec *preparedClaim) []kubeletplugin.Device {
+	out := make([]kubeletplugin.Device, len(rec.Devices))
+	for i, r := range rec.Devices {
+		out[i] = kubeletplugin.Device{PoolName: r.Pool, DeviceName: r.Device, Requests: []string{r.Request}}
+		if r.ShareID != "" {
+			id := types.UID(r.ShareID)
+			out[i].ShareID = &id
+		}
+	}
+	out[0].Requests = nil // every request's containers
+	out[0].CDIDeviceIDs = []string{rec.CDIDevice}
+	return out
+}
+
+// UnprepareResourceClaims removes each claim's files and its record; a
+// claim never prepared (or already unprepared) is no error.
+func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	out := make(map[types.UID]error, len(claims))
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, c := range claims {
+		out[c.UID] = d.unprepare(ctx, c)
+	}
+	return out, nil
+}
+
+func (d *Driver) unprepare(ctx context.Context, c kubeletplugin.NamespacedObject) error {
+	rec, ok := d.claims[c.UID]
+	if !ok {
+		return nil
+	}
+	if err := removeIfThere(SpecPath(d.cfg.CDIDir, c.UID)); err != nil {
+		return fmt.Errorf("claim %s: removing its CDI spec: %w", c, err)
+	}
+	if rec.Shim && d.cfg.Shim != nil {
+		if err := d.cfg.Shim.ReleaseClaim(string(c.UID)); err != nil {
+			return fmt.Errorf("claim %s: removing its libtessera directory: %w", c, err)
+		}
+	}
+	delete(d.claims, c.UID)
+	if err := saveCheckpoint(d.cfg.StateDir, d.claims); err != nil {
+		d.claims[c.UID] = rec
+		return fmt.Errorf("claim %s: recording it unprepared: %w", c, err)
+	}
+	klog.FromContext(ctx).V(2).Info("Claim unprepared", "claim", c.String())
+	return nil
+}
+
+// HandleError logs the helper's background errors (publishing the
+// ResourceSlice): every one is retried, none ends the agent.
+func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
+	utilruntime.HandleErrorWithContext(ctx, err, msg)
+}
+
+// InventoryChanged tells the health watch to report at once.
+func (d *Driver) InventoryChanged() {
+	d.healthMu.Lock()
+	defer d.healthMu.Unlock()
+	close(d.changed)
+	d.changed = make(chan struct{})
+}
+
+// WatchHealthStatus reports every GPU's health to kubelet, at once on a
+// change and every HealthEvery otherwise.
+func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
+	for {
+		d.healthMu.Lock()
+		changed := d.changed
+		d.healthMu.Unlock()
+		report := kubeletplugin.DeviceHealthReport{}
+		now := time.Now()
+		if inv := d.cfg.Inventory.Published(); inv != nil {
+			for _, g := range inv.GPUs {
+				h := kubeletplugin.HealthStatusHealthy
+				if !g.Healthy {
+					h = kubeletplugin.HealthStatusUnhealthy
+				}
+				report.Devices = append(report.Devices, kubeletplugin.DeviceHealth{PoolName: d.cfg.Node, DeviceName: DeviceName(g.Index),
+					Health: h, LastUpdated: now, HealthCheckTimeout: 3 * d.cfg.HealthEvery})
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case reports <- report:
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		case <-time.After(d.cfg.HealthEvery):
+		}
+	}
+}
+
+func gpuByDevice(inv *gpu.NodeInventory, device string) *gpu.Device {
+	for i := range inv.GPUs {
+		if DeviceName(inv.GPUs[i].Index) == device {
+			return &inv.GPUs[i]
+		}
+	}
+	return nil
+}
+
+func gpuByUUID(inv *gpu.NodeInventory, uuid string) *gpu.Device {
+	for i := range inv.GPUs {
+		if inv.GPUs[i].UUID == uuid {
+			return &inv.GPUs[i]
+		}
+	}
+	return &gpu.Device{UUID: uuid}
+}
+
+func removeIfThere(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,172 @@
+// Package dra is the agent's Dynamic Resource Allocation driver,
+// gpu.tessera.dev: it publishes the node's GPUs as devices of a
+// ResourceSlice, with consumable capacity (memory, cores, slices), and
+// prepares the claims allocated on them with the same CDI edits and limits
+// the device plugin gives (pkg/agent/deviceplugin). Resources is the pure
+// part (inventory in, devices out); Driver does the file work behind
+// kubelet's DRA manager, through k8s.io/dynamic-resource-allocation's
+// kubeletplugin helper.
+package dra
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+)
+
+// DriverName is the DRA driver's name: the domain of its attributes and
+// capacities, and what DeviceClasses select.
+const DriverName = "gpu.tessera.dev"
+
+// The consumable capacities of a GPU device.
+const (
+	// CapacityMemory is GPU memory, a binary quantity ("10Gi").
+	CapacityMemory resourceapi.QualifiedName = "memory"
+	// CapacityCores is the percentage (1–100) of the GPU's SMs.
+	CapacityCores resourceapi.QualifiedName = "cores"
+	// CapacitySlices counts the claims on the GPU: each takes one, and
+	// the GPU has as many as the slice adjuster allows.
+	CapacitySlices resourceapi.QualifiedName = "slices"
+)
+
+// TaintUnhealthy is the device taint of a GPU the agent found faulted
+// (an Xid, lost from the bus): no new claim is allocated on it.
+const TaintUnhealthy = DriverName + "/unhealthy"
+
+// Policy is what the published request policies say, from the agent's
+// configuration.
+type Policy struct {
+	// MinMemoryMiB is the smallest memory a claim may take (the smallest
+	// workload class minimum): a smaller request is rounded up to it.
+	MinMemoryMiB int64
+	// MemoryOversubscription is the allocator's memory oversubscription:
+	// a GPU's memory capacity is its memory times this, while no single
+	// claim may take more than the GPU has.
+	MemoryOversubscription float64
+}
+
+// DeviceName is the device of the GPU with NVML index i.
+func DeviceName(index int) string { return "gpu-" + strconv.Itoa(index) }
+
+// unlimitedSlices is the slices capacity of a GPU the adjuster sets no
+// limit on: every claim takes at least one percent of the cores, so no
+// more can fit anyway.
+const unlimitedSlices = 100
+
+// Resources is the node's pool: one ResourceSlice, named by the node, with
+// a device per GPU. Every GPU allows many allocations; a claim that names
+// no capacity takes the whole GPU (its memory and all its cores).
+func Resources(inv *gpu.NodeInventory, p Policy) resourceslice.DriverResources {
+	devices := make([]resourceapi.Device, 0, len(inv.GPUs))
+	for _, g := range inv.GPUs {
+		devices = append(devices, device(g, p))
+	}
+	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
+		inv.Node: {Slices: []resourceslice.Slice{{Devices: devices}}},
+	}}
+}
+
+func mebibytes(n int64) resource.Quantity { return *resource.NewQuantity(n<<20, resource.BinarySI) }
+
+func device(g gpu.Device, p Policy) resourceapi.Device {
+	oversub := p.MemoryOversubscription
+	if oversub < 1 {
+		oversub = 1
+	}
+	memCap := int64(math.Floor(float64(g.MemoryMiB) * oversub))
+	minMem := min(max(p.MinMemoryMiB, 1), g.MemoryMiB)
+	slices := int64(g.Slices)
+	if slices <= 0 {
+		slices = unlimitedSlices
+	}
+	mode := sharedMode(g)
+	held := gpu.GuaranteeOf(mode, gpu.GPUGrant{}, Offer(g.Offer()), gpu.MPSServerLimits{ThreadPercent: 100})
+	peers := make([]string, len(g.NVLinkPeers))
+	for i, n := range g.NVLinkPeers {
+		peers[i] = strconv.Itoa(n)
+	}
+	d := resourceapi.Device{
+		Name: DeviceName(g.Index),
+		Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+			"uuid":             {StringValue: ptr.To(g.UUID)},
+			"model":            {StringValue: ptr.To(g.Model)},
+			"index":            {IntValue: ptr.To(int64(g.Index))},
+			"sharing":          {StringValue: ptr.To(string(mode))},
+			"memoryIsolation":  {StringValue: ptr.To(string(held.Memory))},
+			"computeIsolation": {StringValue: ptr.To(string(held.Compute))},
+			"nvlinkPeers":      {StringValue: ptr.To(strings.Join(peers, ","))},
+		},
+		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+			CapacityMemory: {Value: mebibytes(memCap), RequestPolicy: &resourceapi.CapacityRequestPolicy{
+				Default:    ptr.To(mebibytes(g.MemoryMiB)),
+				ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: ptr.To(mebibytes(minMem)), Max: ptr.To(mebibytes(g.MemoryMiB)), Step: ptr.To(mebibytes(1))},
+			}},
+			CapacityCores: {Value: resource.MustParse("100"), RequestPolicy: &resourceapi.CapacityRequestPolicy{
+				Default:    ptr.To(resource.MustParse("100")),
+				ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: ptr.To(resource.MustParse("1")), Max: ptr.To(resource.MustParse("100")), Step: ptr.To(resource.MustParse("1"))},
+			}},
+			CapacitySlices: {Value: *resource.NewQuantity(slices, resource.DecimalSI), RequestPolicy: &resourceapi.CapacityRequestPolicy{
+				Default:     ptr.To(resource.MustParse("1")),
+				ValidValues: []resource.Quantity{resource.MustParse("1")},
+			}},
+		},
+		AllowMultipleAllocations: ptr.To(true),
+	}
+	if g.SMCount > 0 {
+		d.Attributes["smCount"] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(g.SMCount))}
+	}
+	if !g.Healthy {
+		d.Taints = []resourceapi.DeviceTaint{{Key: TaintUnhealthy, Value: "true", Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+	}
+	return d
+}
+
+// sharedMode is how a claim that takes part of the GPU shares it: as an
+// MPS client where the GPU runs a daemon, time-sliced elsewhere.
+func sharedMode(g gpu.Device) gpu.SharingMode {
+	if g.MPSCapable {
+		return gpu.ModeMPS
+	}
+	return gpu.ModeTimeSlicing
+}
+
+// Offer is what holds a claim's slice on a GPU with this offer: the
+// device plugin's, less the kernel's memory limits, which the agent sets
+// per pod cgroup and does not yet set for claims (their pods are known
+// only once a container starts). The MPS server's limits are left at the
+// whole GPU for the same reason, so an MPS claim's memory is held by the
+// shim where it is offered.
+func Offer(o gpu.IsolationOffer) gpu.IsolationOffer {
+	if o.KernelMemoryLimits {
+		o.KernelMemoryLimits = false
+		o.Why = strings.TrimPrefix(o.Why+"; kernel memory limits: not set for DRA claims", "; ")
+	}
+	return o
+}
+
+// grantOf turns a consumed memory and cores into a grant on g, and the
+// sharing mode it runs in: a claim that took every core has the whole GPU.
+func grantOf(g gpu.Device, memory, cores resource.Quantity) (gpu.SharingMode, gpu.GPUGrant, error) {
+	memMiB := (memory.Value() + 1<<20 - 1) >> 20
+	pct := cores.Value()
+	switch {
+	case memMiB <= 0 || memMiB > g.MemoryMiB:
+		return "", gpu.GPUGrant{}, fmt.Errorf("memory %s is not within GPU %s's %d MiB", memory.String(), g.UUID, g.MemoryMiB)
+	case pct < 1 || pct > 100:
+		return "", gpu.GPUGrant{}, fmt.Errorf("cores %s is not a percentage from 1 to 100", cores.String())
+	}
+	grant := gpu.GPUGrant{UUID: g.UUID, Index: g.Index, MemoryMiB: memMiB, CoresPerMille: int(pct) * gpu.CoresPerGPU / 100}
+	if pct == 100 {
+		grant.MemoryMiB = g.MemoryMiB
+		return gpu.ModeExclusive, grant, nil
+	}
+	return sharedMode(g), grant, nil
+}

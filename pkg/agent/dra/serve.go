@@ -1,0 +1,91 @@
+package dra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+)
+
+// DefaultPluginDir is where kubelet looks for the driver's socket, and
+// where the driver keeps its checkpoint (a host directory that outlives
+// the agent's pod).
+var DefaultPluginDir = filepath.Join(kubeletplugin.KubeletPluginsDir, DriverName)
+
+// DefaultRegistryDir is kubelet's plugin registration directory.
+const DefaultRegistryDir = kubeletplugin.KubeletRegistryDir
+
+// ServeOptions say where kubelet finds the driver and what it publishes.
+type ServeOptions struct {
+	Client kubernetes.Interface
+	// PluginDir holds the driver's socket (DefaultPluginDir on a node).
+	PluginDir string
+	// RegistryDir is kubelet's registration directory; empty registers
+	// nothing (a test registers the socket with kubelet's DRA manager
+	// itself).
+	RegistryDir string
+	Policy      Policy
+}
+
+// Server is the driver serving kubelet and publishing the node's
+// ResourceSlice.
+type Server struct {
+	driver *Driver
+	helper *kubeletplugin.Helper
+	policy Policy
+}
+
+// Serve starts the driver's gRPC services (and kubelet's registration,
+// unless RegistryDir is empty). The ResourceSlice is published at the
+// first Publish.
+func Serve(ctx context.Context, d *Driver, o ServeOptions) (*Server, error) {
+	if o.Client == nil {
+		return nil, errors.New("DRA driver: an API server client is required to publish the node's ResourceSlice")
+	}
+	if o.PluginDir == "" {
+		o.PluginDir = DefaultPluginDir
+	}
+	opts := []kubeletplugin.Option{
+		kubeletplugin.DriverName(DriverName),
+		kubeletplugin.KubeClient(o.Client),
+		kubeletplugin.NodeName(d.cfg.Node),
+		kubeletplugin.PluginDataDirectoryPath(o.PluginDir),
+		kubeletplugin.GRPCVerbosity(5),
+	}
+	if o.RegistryDir == "" {
+		opts = append(opts, kubeletplugin.RegistrationService(false))
+	} else {
+		opts = append(opts, kubeletplugin.RegistrarDirectoryPath(o.RegistryDir))
+	}
+	h, err := kubeletplugin.Start(ctx, d, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("DRA driver %s: %w", DriverName, err)
+	}
+	klog.FromContext(ctx).Info("DRA driver serving kubelet", "driver", DriverName, "socket", SocketPath(o.PluginDir), "registry", o.RegistryDir)
+	return &Server{driver: d, helper: h, policy: o.Policy}, nil
+}
+
+// SocketPath is the driver's socket in pluginDir, as kubeletplugin names
+// it.
+func SocketPath(pluginDir string) string { return filepath.Join(pluginDir, "dra.sock") }
+
+// Publish replaces the node's ResourceSlice with inv's GPUs (a fault
+// taints a GPU at once, a recovery lifts it, a new slice count changes
+// its slices), and tells kubelet's health watch.
+func (s *Server) Publish(ctx context.Context, inv *gpu.NodeInventory) error {
+	if err := s.helper.PublishResources(ctx, Resources(inv, s.policy)); err != nil {
+		return err
+	}
+	s.driver.InventoryChanged()
+	return nil
+}
+
+// Stop stops serving kubelet. The ResourceSlice stays: kubelet removes a
+// driver's slices when it stays away.
+func (s *Server) Stop() { s.helper.Stop() }
