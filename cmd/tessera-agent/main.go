@@ -29,6 +29,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/agent"
 	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
+	"github.com/tessera-gpu/tessera/pkg/agent/dra"
 	"github.com/tessera-gpu/tessera/pkg/agent/mps"
 	"github.com/tessera-gpu/tessera/pkg/agent/nodepods"
 	"github.com/tessera-gpu/tessera/pkg/agent/refusal"
@@ -83,6 +84,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		cdiHook      = fs.String("cdi-hook", "", "nvidia-cdi-hook on the host (the NVIDIA container toolkit's default, /usr/bin/nvidia-cdi-hook, when empty)")
 		shimDir      = fs.String("shim-dir", "/run/tessera/shim", "on the host, where the agent keeps libtessera and each container's limits, mounted into the containers of slices it holds (empty: it is put in no container, and those slices are accounted only)")
 		shimLibrary  = fs.String("shim-library", shim.DefaultLibrary, "libtessera as the agent's image has it, copied into --shim-dir at start")
+		draMode      = fs.String("dra", string(agent.DRANever), "serve this node's GPUs through the DRA driver gpu.tessera.dev instead of the device plugin: never, always, or node-label (where the Node is labelled "+dra.NodeLabel+"=true when the agent starts)")
+		draDir       = fs.String("dra-plugin-dir", dra.DefaultPluginDir, "the DRA driver's socket and its checkpoint of prepared claims, on the host")
+		registryDir  = fs.String("plugin-registry-dir", dra.DefaultRegistryDir, "kubelet's plugin registration directory, where the DRA driver registers")
 		refusedGrace = fs.Duration("refused-grace", refusal.DefaultGrace, "how long a pod refused its GPUs (no Tessera assignment, another scheduler's, or one the node cannot honour) may hold its slots before the agent deletes it")
 	)
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
@@ -115,6 +119,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	if len(schedulerNames) == 0 {
 		fmt.Fprintf(stderr, "tessera-agent: --scheduler-names %q names no scheduler profile; the default is %s\n", *schedulers, strings.Join(deviceplugin.DefaultSchedulerNames, ","))
+		return exitUsage
+	}
+	mode, err := agent.ParseDRAMode(*draMode)
+	if err != nil {
+		fmt.Fprintf(stderr, "tessera-agent: --dra %v\n", err)
 		return exitUsage
 	}
 	if *refusedGrace <= 0 {
@@ -153,6 +162,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		Pods:   nodePods.Get, CDIDir: *cdiDir, ProcRoot: *procRoot, NodePods: nodePods.List, AssignmentChanges: nodePods.Changes, NoticeRoot: *noticeRoot,
 		NvidiaSMI: *nvidiaSMI, CgroupRoot: *cgroupRoot, DriverRoot: *driverRoot, CDIHookPath: *cdiHook, Namespace: *namespace, HostRoot: *hostRoot,
 		RefusedGrace: *refusedGrace, ShimRoot: *shimDir, ShimLibrary: *shimLibrary,
+		DRA: agent.DRAOptions{Mode: mode, PluginDir: *draDir, RegistryDir: *registryDir},
 	})
 	switch {
 	case errors.Is(err, nvml.ErrNoDriver):

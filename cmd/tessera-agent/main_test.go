@@ -56,6 +56,7 @@ func TestStartupErrors(t *testing.T) {
 		{"no scheduler profile", []string{"--node", "n1", "--kubeconfig", kc, "--scheduler-names", " , "}, exitUsage, "--scheduler-names \" , \" names no scheduler profile"},
 		{"no driver", []string{"--node", "n1", "--kubeconfig", kc, "--pod-resources-socket", filepath.Join(dir, "pr.sock")}, exitNoDriver, "no NVIDIA driver"},
 		{"unknown flag", []string{"--gpus", "8"}, exitUsage, "flag provided but not defined"},
+		{"unknown DRA mode", []string{"--node", "n1", "--kubeconfig", kc, "--dra", "yes"}, exitUsage, `--dra "yes": give never, always or node-label`},
 		{"refused grace not positive", []string{"--node", "n1", "--kubeconfig", kc, "--refused-grace", "0s"}, exitUsage, "--refused-grace 0s: give a positive duration, such as 5m0s"},
 		{"refused grace not a duration", []string{"--node", "n1", "--kubeconfig", kc, "--refused-grace", "soon"}, exitUsage, `invalid value "soon" for flag -refused-grace`},
 	} {

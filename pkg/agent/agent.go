@@ -47,6 +47,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
@@ -54,6 +55,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/agent/adjuster"
 	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
+	"github.com/tessera-gpu/tessera/pkg/agent/dra"
 	"github.com/tessera-gpu/tessera/pkg/agent/health"
 	"github.com/tessera-gpu/tessera/pkg/agent/isolation"
 	"github.com/tessera-gpu/tessera/pkg/agent/metrics"
@@ -162,6 +164,44 @@ type Options struct {
 	RefusedGrace time.Duration
 	// Now is the clock of the refusal grace (time.Now when nil).
 	Now func() time.Time
+	// DRA says whether this node serves its GPUs through the DRA driver
+	// gpu.tessera.dev instead of the device plugin (DRANever when empty).
+	DRA DRAOptions
+}
+
+// DRAMode says where a node serves its GPUs through the DRA driver. A node
+// serves them through one of the two, never both: claims allocated by the
+// DRA allocator and slots booked by TesseraGPU do not see each other.
+type DRAMode string
+
+// DRA modes.
+const (
+	DRANever DRAMode = "never"
+	// DRAAlways: every node this agent runs on.
+	DRAAlways DRAMode = "always"
+	// DRANodeLabel: nodes labelled dra.NodeLabel=true, read when the
+	// agent starts (moving a node is a label and an agent restart).
+	DRANodeLabel DRAMode = "node-label"
+)
+
+// ParseDRAMode reads --dra.
+func ParseDRAMode(s string) (DRAMode, error) {
+	switch m := DRAMode(s); m {
+	case DRANever, DRAAlways, DRANodeLabel:
+		return m, nil
+	}
+	return "", fmt.Errorf("%q: give never, always or node-label (DRA on the nodes labelled %s=true)", s, dra.NodeLabel)
+}
+
+// DRAOptions say whether and where the DRA driver serves kubelet.
+type DRAOptions struct {
+	Mode DRAMode
+	// PluginDir holds the driver's socket and its checkpoint of prepared
+	// claims (dra.DefaultPluginDir on a node).
+	PluginDir string
+	// RegistryDir is kubelet's plugin registration directory
+	// (dra.DefaultRegistryDir); empty registers nothing.
+	RegistryDir string
 }
 
 // Agent is one node's agent.
@@ -208,6 +248,12 @@ type Agent struct {
 	// noShim says why).
 	shim   *shim.Dir
 	noShim error
+
+	// draDriver prepares claims (nil unless Options.DRA may serve them);
+	// draServer serves kubelet once Run chose DRA for this node.
+	draDriver *dra.Driver
+	draMu     sync.Mutex
+	draServer *dra.Server
 }
 
 // New opens NVML and reads the GPUs. Without a driver it fails with
@@ -284,7 +330,7 @@ func New(opts Options) (*Agent, error) {
 	a.preempt = a.newPreemptor()
 	// The plugin takes the slots the Publisher publishes; it is made next.
 	a.pub = publish.New(publish.Config{Node: opts.Node, Client: opts.Client, Build: a.Inventory,
-		SetSlots: func(s []deviceplugin.GPUSlots) { a.plugin.SetGPUs(s) }, Event: a.event})
+		SetSlots: func(s []deviceplugin.GPUSlots) { a.plugin.SetGPUs(s) }, Event: a.event, Published: a.publishDRA})
 	a.refused = refusal.New(refusal.Config{Node: opts.Node, Client: opts.Client, NodePods: opts.NodePods, Grace: opts.RefusedGrace, Now: opts.Now,
 		NodeEvent: a.event, PodEvent: a.podEvent})
 	var noticeDir deviceplugin.NoticeDir
@@ -302,6 +348,18 @@ func New(opts Options) (*Agent, error) {
 		dpc.Inventory, dpc.NodePods, dpc.MemoryOversubscription = a.pub, opts.NodePods, opts.Config.Allocator.MemoryOversubscription
 	}
 	a.plugin = deviceplugin.New(dpc)
+	if opts.DRA.Mode != "" && opts.DRA.Mode != DRANever {
+		dc := dra.Config{Node: opts.Node, CDIDir: opts.CDIDir, StateDir: opts.DRA.PluginDir, Inventory: a.pub, PipeDir: pipe, Shim: a.shim}
+		if dc.StateDir == "" {
+			dc.StateDir = dra.DefaultPluginDir
+		}
+		if a.gpus != nil {
+			dc.DriverEdits = a.enforcer
+		}
+		if a.draDriver, err = dra.New(dc); err != nil {
+			return nil, err
+		}
+	}
 	if a.gpus != nil {
 		var res *tenants.Resolver
 		if opts.NodePods != nil {
@@ -670,13 +728,47 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 		return err
 	}
 	errc := make(chan error, 3)
-	go func() { errc <- a.plugin.Run(ctx, pluginDir, time.Second) }()
+	useDRA, err := a.servesDRA(ctx)
+	if err != nil {
+		return err
+	}
+	if useDRA {
+		srv, err := dra.Serve(ctx, a.draDriver, dra.ServeOptions{Client: a.opts.Client, PluginDir: a.opts.DRA.PluginDir, RegistryDir: a.opts.DRA.RegistryDir,
+			Policy: a.draPolicy()})
+		if err != nil {
+			return err
+		}
+		defer srv.Stop()
+		a.draMu.Lock()
+		a.draServer = srv
+		a.draMu.Unlock()
+		if inv := a.pub.Published(); inv != nil {
+			if err := srv.Publish(ctx, inv, a.heldByDevicePlugin()); err != nil {
+				return fmt.Errorf("DRA: publishing the node's ResourceSlice: %w", err)
+			}
+		}
+		// Pods placed through the device plugin before the node moved
+		// end on their own time; what they free is offered as they do.
+		go wait.UntilWithContext(ctx, func(ctx context.Context) {
+			if inv := a.pub.Published(); inv != nil {
+				a.publishDRA(ctx, inv)
+			}
+		}, 5*time.Second)
+		logger.Info("Serving this node's GPUs through DRA, not the device plugin", "driver", dra.DriverName, "mode", a.opts.DRA.Mode)
+	} else {
+		go func() { errc <- a.plugin.Run(ctx, pluginDir, time.Second) }()
+	}
 	collectEvery := a.opts.SpecCollectEvery
 	if collectEvery <= 0 {
 		collectEvery = 30 * time.Second
 	}
 	go wait.UntilWithContext(ctx, func(ctx context.Context) {
-		if n, err := a.plugin.CollectSpecs(ctx); err != nil {
+		// Slot specs are collected on a DRA node too: a node moved from
+		// the device plugin keeps its old pods' until they end.
+		if a.opts.Holder == nil {
+			// No pod-resources API (a test's agent): nothing says which
+			// slots are held, so nothing is collected.
+		} else if n, err := a.plugin.CollectSpecs(ctx); err != nil {
 			logger.Error(err, "Collecting CDI specs of finished containers failed")
 		} else if n > 0 {
 			logger.V(2).Info("Collected CDI specs of finished containers", "count", n)
@@ -747,6 +839,69 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 	case err := <-errc:
 		return err
 	}
+}
+
+// servesDRA says whether this node serves its GPUs through DRA: by
+// Options.DRA, and for node-label by the Node's label now.
+func (a *Agent) servesDRA(ctx context.Context) (bool, error) {
+	switch a.opts.DRA.Mode {
+	case DRAAlways:
+		return true, nil
+	case DRANodeLabel:
+		n, err := a.opts.Client.CoreV1().Nodes().Get(ctx, a.opts.Node, metav1.GetOptions{})
+		if err != nil {
+			return false, fmt.Errorf("reading node %s's %s label (--dra=node-label): %w", a.opts.Node, dra.NodeLabel, err)
+		}
+		return n.Labels[dra.NodeLabel] == "true", nil
+	}
+	return false, nil
+}
+
+// draPolicy is what the DRA driver's request policies say, from the
+// allocator's configuration: the smallest workload class minimum, and
+// the memory oversubscription.
+func (a *Agent) draPolicy() dra.Policy {
+	al := a.opts.Config.Allocator
+	return dra.Policy{MinMemoryMiB: min(al.MinSliceMiB.Training, al.MinSliceMiB.Inference), MemoryOversubscription: al.MemoryOversubscription}
+}
+
+// publishDRA republishes the node's ResourceSlice after the inventory
+// changed, once the driver serves.
+func (a *Agent) publishDRA(ctx context.Context, inv *gpu.NodeInventory) {
+	a.draMu.Lock()
+	srv := a.draServer
+	a.draMu.Unlock()
+	if srv == nil {
+		return
+	}
+	if err := srv.Publish(ctx, inv, a.heldByDevicePlugin()); err != nil {
+		klog.FromContext(ctx).Error(err, "Publishing the node's ResourceSlice failed; retrying at the next change")
+	}
+}
+
+// heldByDevicePlugin is what this node's unfinished pods placed through
+// the device plugin (tessera-scheduler's assignments) hold of each GPU.
+func (a *Agent) heldByDevicePlugin() map[string]dra.Held {
+	out := map[string]dra.Held{}
+	if a.opts.NodePods == nil {
+		return out
+	}
+	for _, p := range a.opts.NodePods() {
+		asg, err := podgpu.BoundAssignment(p)
+		if err != nil || asg == nil || asg.Node != a.opts.Node {
+			continue
+		}
+		for _, c := range asg.Containers {
+			for _, g := range c.GPUs {
+				h := out[g.UUID]
+				h.MemoryMiB += g.MemoryMiB
+				h.CoresPerMille += g.CoresPerMille
+				h.Containers++
+				out[g.UUID] = h
+			}
+		}
+	}
+	return out
 }
 
 // timeShared is the GPUs this agent time-slices: none on a node in MPS

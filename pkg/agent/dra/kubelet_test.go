@@ -91,7 +91,7 @@ func startNode(t *testing.T) *node {
 	n.cfg = Config{Node: "node-a", CDIDir: t.TempDir(), StateDir: plugin, Inventory: n.inv, Shim: sd,
 		PipeDir: func(uuid string) string { return "/run/tessera/mps/" + uuid + "/pipe" }}
 	n.startDriver()
-	if err := n.server.Publish(ctx, n.inv.Published()); err != nil {
+	if err := n.server.Publish(ctx, n.inv.Published(), nil); err != nil {
 		t.Fatal(err)
 	}
 	m, err := kubeletdra.NewManager(klog.Background(), client, t.TempDir())
@@ -435,7 +435,7 @@ func TestSlicesAndTaintsLimitClaims(t *testing.T) {
 	n.inv.mu.Lock()
 	n.inv.inv.GPUs[2].Healthy = true
 	n.inv.mu.Unlock()
-	if err := n.server.Publish(n.ctx, n.inv.Published()); err != nil {
+	if err := n.server.Publish(n.ctx, n.inv.Published(), nil); err != nil {
 		t.Fatal(err)
 	}
 	err := wait.PollUntilContextTimeout(n.ctx, 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {

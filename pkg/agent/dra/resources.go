@@ -61,13 +61,28 @@ func DeviceName(index int) string { return "gpu-" + strconv.Itoa(index) }
 // more can fit anyway.
 const unlimitedSlices = 100
 
+// TaintHeld is the device taint of a GPU the node's device-plugin pods
+// leave too little of for any claim: a node moved to DRA keeps its running
+// pods, and no claim is allocated over them.
+const TaintHeld = DriverName + "/device-plugin-pods"
+
+// Held is what pods placed through the device plugin hold of one GPU:
+// their grants, summed. A node moved from the device plugin to DRA keeps
+// those pods running, and offers claims only the rest.
+type Held struct {
+	MemoryMiB     int64
+	CoresPerMille int
+	Containers    int
+}
+
 // Resources is the node's pool: one ResourceSlice, named by the node, with
 // a device per GPU. Every GPU allows many allocations; a claim that names
-// no capacity takes the whole GPU (its memory and all its cores).
-func Resources(inv *gpu.NodeInventory, p Policy) resourceslice.DriverResources {
+// no capacity takes the whole GPU (its memory and all its cores), or all
+// that held (by UUID) leaves of it.
+func Resources(inv *gpu.NodeInventory, p Policy, held map[string]Held) resourceslice.DriverResources {
 	devices := make([]resourceapi.Device, 0, len(inv.GPUs))
 	for _, g := range inv.GPUs {
-		devices = append(devices, device(g, p))
+		devices = append(devices, device(g, p, held[g.UUID]))
 	}
 	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
 		inv.Node: {Slices: []resourceslice.Slice{{Devices: devices}}},
@@ -76,7 +91,9 @@ func Resources(inv *gpu.NodeInventory, p Policy) resourceslice.DriverResources {
 
 func mebibytes(n int64) resource.Quantity { return *resource.NewQuantity(n<<20, resource.BinarySI) }
 
-func device(g gpu.Device, p Policy) resourceapi.Device {
+func count(n int64) resource.Quantity { return *resource.NewQuantity(n, resource.DecimalSI) }
+
+func device(g gpu.Device, p Policy, h Held) resourceapi.Device {
 	oversub := p.MemoryOversubscription
 	if oversub < 1 {
 		oversub = 1
@@ -86,6 +103,22 @@ func device(g gpu.Device, p Policy) resourceapi.Device {
 	slices := int64(g.Slices)
 	if slices <= 0 {
 		slices = unlimitedSlices
+	}
+	// What the device plugin's pods leave: a claim may take at most the
+	// rest, and takes the rest when it names no capacity.
+	perClaim, cores := g.MemoryMiB, int64(100)
+	full := false
+	if h != (Held{}) {
+		memCap -= h.MemoryMiB
+		cores = int64(gpu.CoresPerGPU-h.CoresPerMille) * 100 / gpu.CoresPerGPU
+		slices -= int64(h.Containers)
+		perClaim = min(perClaim, memCap)
+		if perClaim < minMem || cores < 1 || slices < 1 {
+			// Nothing a claim could take: the GPU is published whole
+			// (capacities must hold their policies) and tainted.
+			full = true
+			memCap, perClaim, cores, slices = int64(math.Floor(float64(g.MemoryMiB)*oversub)), g.MemoryMiB, 100, max(slices, 1)
+		}
 	}
 	mode := sharedMode(g)
 	held := gpu.GuaranteeOf(mode, gpu.GPUGrant{}, Offer(g.Offer()), gpu.MPSServerLimits{ThreadPercent: 100})
@@ -106,16 +139,16 @@ func device(g gpu.Device, p Policy) resourceapi.Device {
 		},
 		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
 			CapacityMemory: {Value: mebibytes(memCap), RequestPolicy: &resourceapi.CapacityRequestPolicy{
-				Default:    ptr.To(mebibytes(g.MemoryMiB)),
-				ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: ptr.To(mebibytes(minMem)), Max: ptr.To(mebibytes(g.MemoryMiB)), Step: ptr.To(mebibytes(1))},
+				Default:    ptr.To(mebibytes(perClaim)),
+				ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: ptr.To(mebibytes(minMem)), Max: ptr.To(mebibytes(perClaim)), Step: ptr.To(mebibytes(1))},
 			}},
-			CapacityCores: {Value: resource.MustParse("100"), RequestPolicy: &resourceapi.CapacityRequestPolicy{
-				Default:    ptr.To(resource.MustParse("100")),
-				ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: ptr.To(resource.MustParse("1")), Max: ptr.To(resource.MustParse("100")), Step: ptr.To(resource.MustParse("1"))},
+			CapacityCores: {Value: count(cores), RequestPolicy: &resourceapi.CapacityRequestPolicy{
+				Default:    ptr.To(count(cores)),
+				ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: ptr.To(count(1)), Max: ptr.To(count(cores)), Step: ptr.To(count(1))},
 			}},
-			CapacitySlices: {Value: *resource.NewQuantity(slices, resource.DecimalSI), RequestPolicy: &resourceapi.CapacityRequestPolicy{
-				Default:     ptr.To(resource.MustParse("1")),
-				ValidValues: []resource.Quantity{resource.MustParse("1")},
+			CapacitySlices: {Value: count(slices), RequestPolicy: &resourceapi.CapacityRequestPolicy{
+				Default:     ptr.To(count(1)),
+				ValidValues: []resource.Quantity{count(1)},
 			}},
 		},
 		AllowMultipleAllocations: ptr.To(true),
@@ -124,7 +157,10 @@ func device(g gpu.Device, p Policy) resourceapi.Device {
 		d.Attributes["smCount"] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(g.SMCount))}
 	}
 	if !g.Healthy {
-		d.Taints = []resourceapi.DeviceTaint{{Key: TaintUnhealthy, Value: "true", Effect: resourceapi.DeviceTaintEffectNoSchedule}}
+		d.Taints = append(d.Taints, resourceapi.DeviceTaint{Key: TaintUnhealthy, Value: "true", Effect: resourceapi.DeviceTaintEffectNoSchedule})
+	}
+	if full {
+		d.Taints = append(d.Taints, resourceapi.DeviceTaint{Key: TaintHeld, Value: "true", Effect: resourceapi.DeviceTaintEffectNoSchedule})
 	}
 	return d
 }

@@ -1,6 +1,7 @@
 package dra
 
 import (
+	"slices"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -20,7 +21,7 @@ func testInventory() *gpu.NodeInventory {
 }
 
 func TestResources(t *testing.T) {
-	res := Resources(testInventory(), Policy{MinMemoryMiB: 4096, MemoryOversubscription: 1.5})
+	res := Resources(testInventory(), Policy{MinMemoryMiB: 4096, MemoryOversubscription: 1.5}, nil)
 	pool, ok := res.Pools["node-a"]
 	if !ok || len(res.Pools) != 1 || len(pool.Slices) != 1 {
 		t.Fatalf("pools: %+v; want one pool named by the node, one slice", res.Pools)
@@ -84,6 +85,48 @@ func TestResources(t *testing.T) {
 		sl := d.Capacity[CapacitySlices].RequestPolicy
 		if sl.Default.String() != "1" || len(sl.ValidValues) != 1 || sl.ValidValues[0].String() != "1" {
 			t.Errorf("device %d slices policy %+v: every claim takes exactly one", tc.i, sl)
+		}
+	}
+}
+
+// TestResourcesLessHeld: what the device plugin's pods hold is taken off
+// the capacities (a claim naming none takes the rest); a GPU with too
+// little left for any claim is published whole and tainted.
+func TestResourcesLessHeld(t *testing.T) {
+	inv := testInventory()
+	held := map[string]Held{
+		"GPU-0": {MemoryMiB: 20480, CoresPerMille: 250, Containers: 1},
+		"GPU-1": {MemoryMiB: 81920, CoresPerMille: 1000, Containers: 1},
+	}
+	devs := Resources(inv, Policy{MinMemoryMiB: 4096, MemoryOversubscription: 1}, held).Pools["node-a"].Slices[0].Devices
+	q := func(d resourceapi.Device, name resourceapi.QualifiedName) (value, def, max string) {
+		c := d.Capacity[name]
+		def = c.RequestPolicy.Default.String()
+		if c.RequestPolicy.ValidRange != nil {
+			max = c.RequestPolicy.ValidRange.Max.String()
+		}
+		return c.Value.String(), def, max
+	}
+	for _, tc := range []struct {
+		i                 int
+		memory, cores, sl [3]string
+		taints            []string
+	}{
+		{0, [3]string{"60Gi", "60Gi", "60Gi"}, [3]string{"75", "75", "75"}, [3]string{"3", "1", ""}, nil},
+		{1, [3]string{"80Gi", "80Gi", "80Gi"}, [3]string{"100", "100", "100"}, [3]string{"99", "1", ""}, []string{TaintHeld}},
+		{2, [3]string{"40Gi", "40Gi", "40Gi"}, [3]string{"100", "100", "100"}, [3]string{"2", "1", ""}, []string{TaintUnhealthy}},
+	} {
+		d := devs[tc.i]
+		m1, m2, m3 := q(d, CapacityMemory)
+		c1, c2, c3 := q(d, CapacityCores)
+		s1, s2, s3 := q(d, CapacitySlices)
+		var taints []string
+		for _, x := range d.Taints {
+			taints = append(taints, x.Key)
+		}
+		if [3]string{m1, m2, m3} != tc.memory || [3]string{c1, c2, c3} != tc.cores || [3]string{s1, s2, s3} != tc.sl || !slices.Equal(taints, tc.taints) {
+			t.Errorf("device %d: memory %s/%s/%s cores %s/%s/%s slices %s/%s/%s taints %v; want %v %v %v %v (value/default/max)",
+				tc.i, m1, m2, m3, c1, c2, c3, s1, s2, s3, taints, tc.memory, tc.cores, tc.sl, tc.taints)
 		}
 	}
 }

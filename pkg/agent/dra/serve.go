@@ -75,11 +75,12 @@ func Serve(ctx context.Context, d *Driver, o ServeOptions) (*Server, error) {
 // it.
 func SocketPath(pluginDir string) string { return filepath.Join(pluginDir, "dra.sock") }
 
-// Publish replaces the node's ResourceSlice with inv's GPUs (a fault
-// taints a GPU at once, a recovery lifts it, a new slice count changes
-// its slices), and tells kubelet's health watch.
-func (s *Server) Publish(ctx context.Context, inv *gpu.NodeInventory) error {
-	if err := s.helper.PublishResources(ctx, Resources(inv, s.policy)); err != nil {
+// Publish replaces the node's ResourceSlice with inv's GPUs, less what
+// held says the device plugin's pods hold (a fault taints a GPU at once, a
+// recovery lifts it, a new slice count changes its slices), and tells
+// kubelet's health watch. Publishing what was published changes nothing.
+func (s *Server) Publish(ctx context.Context, inv *gpu.NodeInventory, held map[string]Held) error {
+	if err := s.helper.PublishResources(ctx, Resources(inv, s.policy, held)); err != nil {
 		return err
 	}
 	s.driver.InventoryChanged()
@@ -89,3 +90,7 @@ func (s *Server) Publish(ctx context.Context, inv *gpu.NodeInventory) error {
 // Stop stops serving kubelet. The ResourceSlice stays: kubelet removes a
 // driver's slices when it stays away.
 func (s *Server) Stop() { s.helper.Stop() }
+
+// NodeLabel marks, with "true", a node whose agent serves its GPUs through
+// this driver when it runs with --dra=node-label.
+const NodeLabel = "tessera.dev/dra"

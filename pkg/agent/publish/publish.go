@@ -37,6 +37,9 @@ type Config struct {
 	SetSlots func([]deviceplugin.GPUSlots)
 	// Event records an event on the node.
 	Event func(ctx context.Context, eventType, reason, note string)
+	// Published, when set, is told of every inventory written (its GPUs),
+	// after the write: the DRA driver republishes its ResourceSlice.
+	Published func(ctx context.Context, inv *gpu.NodeInventory)
 	// RepairEvery is the shortest time between two repairs, so two writers
 	// (a second agent by mistake) cannot make the agent spin (a second
 	// when zero).
@@ -135,6 +138,9 @@ func (p *Publisher) Publish(ctx context.Context, now time.Time) error {
 		return err
 	}
 	klog.FromContext(ctx).Info("Published GPU inventory", "node", p.cfg.Node, "gpus", len(inv.GPUs), "unhealthy", unhealthy)
+	if p.cfg.Published != nil {
+		p.cfg.Published(ctx, &published)
+	}
 	return nil
 }
 

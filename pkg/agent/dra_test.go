@@ -1,0 +1,173 @@
+package agent
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/tessera-gpu/tessera/pkg/agent/dra"
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/nvml"
+	"github.com/tessera-gpu/tessera/pkg/nvml/nvmltest"
+)
+
+// draAgent runs an agent with --dra=node-label on a DGX H100 mock, its
+// node labelled as given, until the test ends.
+func draAgent(t *testing.T, labelled bool, podsOn ...func(*server.Server) *v1.Pod) (*fake.Clientset, *Agent, string) {
+	t.Helper()
+	srv := dgxh100.New()
+	var pods []*v1.Pod
+	for _, on := range podsOn {
+		pods = append(pods, on(srv))
+	}
+	nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{SMCount: 132, NVLink: true} })
+	// Faults come from the test (Observe), not an event watch.
+	srv.EventSetCreateFunc = func() (gonvml.EventSet, gonvml.Return) { return nil, gonvml.ERROR_NOT_SUPPORTED }
+	client := newNode()
+	if labelled {
+		n, _ := client.CoreV1().Nodes().Get(context.Background(), "n1", metav1.GetOptions{})
+		n.Labels = map[string]string{dra.NodeLabel: "true"}
+		if _, err := client.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plugins, err := os.MkdirTemp("", "dra") // a socket's path must be short
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(plugins) })
+	a, err := New(Options{Node: "n1", Config: config.Default(), Client: client, NVML: srv, CDIDir: t.TempDir(),
+		DRA: DRAOptions{Mode: DRANodeLabel, PluginDir: plugins}, NodePods: func() []*v1.Pod { return pods }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx, t.TempDir(), "") }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return client, a, plugins
+}
+
+func sliceDevices(t *testing.T, client *fake.Clientset, ok func([]resourceapi.Device) bool) []resourceapi.Device {
+	t.Helper()
+	var devs []resourceapi.Device
+	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		l, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		if err != nil || len(l.Items) != 1 {
+			return false, nil
+		}
+		devs = l.Items[0].Spec.Devices
+		return ok(devs), nil
+	})
+	if err != nil {
+		t.Fatalf("no ResourceSlice as wanted (last devices %d): %v", len(devs), err)
+	}
+	return devs
+}
+
+// TestDRANodeServesGPUsAsDevices: a node labelled for DRA publishes its
+// GPUs as one ResourceSlice and serves the driver's socket, not the
+// device plugin's; an XID taints the GPU's device at once, and its
+// recovery lifts the taint.
+func TestDRANodeServesGPUsAsDevices(t *testing.T) {
+	client, a, plugins := draAgent(t, true)
+	devs := sliceDevices(t, client, func(d []resourceapi.Device) bool { return len(d) == 8 })
+	// The default configuration oversubscribes memory 1.5×; no claim
+	// takes more than the GPU's 80 GiB.
+	mem := devs[0].Capacity[dra.CapacityMemory]
+	if devs[0].Name != "gpu-0" || *devs[0].Attributes["model"].StringValue == "" || mem.Value.String() != "120Gi" || mem.RequestPolicy.ValidRange.Max.String() != "80Gi" {
+		t.Errorf("device 0: %s, model %q, memory %s at most %s per claim", devs[0].Name, *devs[0].Attributes["model"].StringValue, mem.Value.String(), mem.RequestPolicy.ValidRange.Max)
+	}
+	if _, err := os.Stat(dra.SocketPath(plugins)); err != nil {
+		t.Errorf("the driver's socket: %v", err)
+	}
+	t0 := time.Now()
+	uuid := a.devices[3].UUID
+	a.Observe(context.Background(), nvml.Event{UUID: uuid, Type: gonvml.EventTypeXidCriticalError, Xid: 79}, t0)
+	sliceDevices(t, client, func(d []resourceapi.Device) bool {
+		return len(d) == 8 && len(d[3].Taints) == 1 && d[3].Taints[0].Key == dra.TaintUnhealthy && len(d[2].Taints) == 0
+	})
+	if err := a.Refresh(context.Background(), t0.Add(time.Second+a.opts.Config.Health.QuietPeriod.Duration)); err != nil {
+		t.Fatal(err)
+	}
+	sliceDevices(t, client, func(d []resourceapi.Device) bool { return len(d) == 8 && len(d[3].Taints) == 0 })
+}
+
+// TestUnlabelledNodeKeepsTheDevicePlugin: with --dra=node-label and no
+// label, no ResourceSlice is published and the driver does not serve.
+func TestUnlabelledNodeKeepsTheDevicePlugin(t *testing.T) {
+	client, a, plugins := draAgent(t, false)
+	if err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return a.pub.Published() != nil, nil
+	}); err != nil {
+		t.Fatal("the agent published no inventory")
+	}
+	time.Sleep(200 * time.Millisecond)
+	if l, err := client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{}); err != nil || len(l.Items) != 0 {
+		t.Errorf("an unlabelled node published ResourceSlices: %d (%v)", len(l.Items), err)
+	}
+	if _, err := os.Stat(dra.SocketPath(plugins)); !os.IsNotExist(err) {
+		t.Errorf("the driver serves on an unlabelled node: %v", err)
+	}
+}
+
+// TestMovedNodeKeepsItsPods: a node moved from the device plugin to DRA
+// keeps the pods tessera-scheduler placed there; its ResourceSlice offers
+// claims only what they leave: a GPU one holds whole is tainted, one a
+// slice is on offers the rest.
+func TestMovedNodeKeepsItsPods(t *testing.T) {
+	running := func(srv *server.Server) *v1.Pod {
+		uuid0, _ := srv.Devices[0].GetUUID()
+		uuid1, _ := srv.Devices[1].GetUUID()
+		enc, err := gpu.EncodeAssignment(&gpu.PodAssignment{Node: "n1", Containers: []gpu.ContainerAssignment{
+			{Name: "whole", Mode: gpu.ModeExclusive, GPUs: []gpu.GPUGrant{{UUID: uuid0, MemoryMiB: 81920, CoresPerMille: 1000}}},
+			{Name: "slice", Mode: gpu.ModeTimeSlicing, GPUs: []gpu.GPUGrant{{UUID: uuid1, Index: 1, MemoryMiB: 20480, CoresPerMille: 250}}},
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "before", Annotations: map[string]string{gpu.AnnotationAssignment: enc}},
+			Spec: v1.PodSpec{NodeName: "n1", Containers: []v1.Container{{Name: "whole"}, {Name: "slice"}}}}
+	}
+	client, _, _ := draAgent(t, true, running)
+	devs := sliceDevices(t, client, func(d []resourceapi.Device) bool { return len(d) == 8 })
+	if len(devs[0].Taints) != 1 || devs[0].Taints[0].Key != dra.TaintHeld {
+		t.Errorf("GPU 0, held whole by a running pod: taints %+v, want %s", devs[0].Taints, dra.TaintHeld)
+	}
+	mem, cores := devs[1].Capacity[dra.CapacityMemory], devs[1].Capacity[dra.CapacityCores]
+	// 80 GiB × 1.5 (the default oversubscription) − 20 GiB; 100 % − 25 %.
+	if mem.Value.String() != "100Gi" || cores.Value.String() != "75" || cores.RequestPolicy.Default.String() != "75" || len(devs[1].Taints) != 0 {
+		t.Errorf("GPU 1, 20 GiB and 25 %% held: memory %s, cores %s (a whole claim takes %s), taints %v; want 100Gi, 75, 75, none",
+			mem.Value.String(), cores.Value.String(), cores.RequestPolicy.Default, devs[1].Taints)
+	}
+	if mem := devs[2].Capacity[dra.CapacityMemory]; mem.Value.String() != "120Gi" {
+		t.Errorf("GPU 2, untouched: memory %s", mem.Value.String())
+	}
+}
+
+func TestParseDRAMode(t *testing.T) {
+	for _, s := range []string{"never", "always", "node-label"} {
+		if m, err := ParseDRAMode(s); err != nil || string(m) != s {
+			t.Errorf("ParseDRAMode(%q) = %q, %v", s, m, err)
+		}
+	}
+	if _, err := ParseDRAMode("yes"); err == nil {
+		t.Error("ParseDRAMode(yes) accepted")
+	}
+}
