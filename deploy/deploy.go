@@ -66,7 +66,7 @@ var AdmissionPolicies string
 var SchedulerRBAC string
 
 // Agent is tessera-agent.yaml: the namespace, the agent's service account,
-// roles and DaemonSet.
+// roles and DaemonSet, and the DRA driver's DeviceClasses.
 //
 //go:embed tessera-agent.yaml
 var Agent string

@@ -103,6 +103,7 @@ func TestRenderDefault(t *testing.T) {
 		"Service/tessera-scheduler-metrics", "PodDisruptionBudget/tessera-scheduler",
 		"ClusterRoleBinding/tessera-scheduler-as-kube-scheduler", "ClusterRoleBinding/tessera-scheduler-as-volume-scheduler",
 		"DaemonSet/tessera-agent", "ServiceAccount/tessera-agent", "Service/tessera-agent-metrics",
+		"DeviceClass/gpu.tessera.dev", "DeviceClass/mps.gpu.tessera.dev", "DeviceClass/time-sliced.gpu.tessera.dev",
 		"PriorityClass/gpu-critical", "PriorityClass/gpu-standard", "PriorityClass/gpu-batch",
 		"ValidatingAdmissionPolicy/tessera-scheduler-annotations", "ValidatingAdmissionPolicyBinding/tessera-gpu-pod-limits",
 		"PrometheusRule/tessera", "ServiceMonitor/tessera-agent", "ServiceMonitor/tessera-scheduler",
@@ -248,6 +249,37 @@ agent: {refusedGrace: 90s}`, Operator, func(t *testing.T, objs []*unstructured.U
 			args := container(t, find(t, objs, "DaemonSet", "tessera-agent"))["args"].([]any)
 			if !slices.Contains(args, any("--refused-grace=90s")) {
 				t.Errorf("agent args %v lack --refused-grace=90s", args)
+			}
+		}},
+		{"DRA never", "agent: {dra: never}", Operator, func(t *testing.T, objs []*unstructured.Unstructured) {
+			ds := find(t, objs, "DaemonSet", "tessera-agent")
+			if args := container(t, ds)["args"].([]any); !slices.Contains(args, any("--dra=never")) {
+				t.Errorf("agent args %v lack --dra=never", args)
+			}
+			if vols, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "volumes"); slices.ContainsFunc(vols, func(v any) bool {
+				return v.(map[string]any)["name"] == "dra-plugin"
+			}) {
+				t.Error("kubelet's plugin directory mounted with DRA off")
+			}
+			rules, _, _ := unstructured.NestedSlice(find(t, objs, "ClusterRole", "tessera-agent").Object, "rules")
+			if strings.Contains(fmt.Sprint(rules), "resourceslices") {
+				t.Errorf("the agent may write ResourceSlices with DRA off: %v", rules)
+			}
+		}},
+		{"DRA by node label (the default)", "", Operator, func(t *testing.T, objs []*unstructured.Unstructured) {
+			ds := find(t, objs, "DaemonSet", "tessera-agent")
+			if args := container(t, ds)["args"].([]any); !slices.Contains(args, any("--dra=node-label")) {
+				t.Errorf("agent args %v lack --dra=node-label", args)
+			}
+			mounts := fmt.Sprint(container(t, ds)["volumeMounts"])
+			for _, path := range []string{"/var/lib/kubelet/plugins/gpu.tessera.dev", "/var/lib/kubelet/plugins_registry"} {
+				if !strings.Contains(mounts, "mountPath:"+path+" ") {
+					t.Errorf("the agent does not mount %s: %s", path, mounts)
+				}
+			}
+			rules, _, _ := unstructured.NestedSlice(find(t, objs, "ClusterRole", "tessera-agent").Object, "rules")
+			if !strings.Contains(fmt.Sprint(rules), "resourceslices") || !strings.Contains(fmt.Sprint(rules), "resourceclaims") {
+				t.Errorf("the agent may not publish ResourceSlices or read claims: %v", rules)
 			}
 		}},
 		{"no libtessera", "agent: {shim: false}", Operator, func(t *testing.T, objs []*unstructured.Unstructured) {

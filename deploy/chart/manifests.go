@@ -15,7 +15,7 @@ var manifestFiles = []struct {
 	file      string
 	templates []string
 }{
-	{"tessera-agent.yaml", []string{"templates/namespace.yaml", "templates/agent.yaml"}},
+	{"tessera-agent.yaml", []string{"templates/namespace.yaml", "templates/agent.yaml", "templates/deviceclasses.yaml"}},
 	{"tessera-scheduler-rbac.yaml", []string{"templates/scheduler-rbac.yaml"}},
 	{"tessera-scheduler.yaml", []string{"templates/scheduler-config.yaml", "templates/scheduler.yaml"}},
 	{"admission-policies.yaml", []string{"templates/admission-policies.yaml"}},

@@ -89,10 +89,11 @@ func TestShippedAgentManifest(t *testing.T) {
 		created++
 	}
 	// Namespace, ServiceAccount, ClusterRole, ClusterRoleBinding, the
-	// heartbeat Role and RoleBinding, the metrics Service and the
-	// DaemonSet.
-	if created != 8 {
-		t.Fatalf("created %d objects, want 8", created)
+	// heartbeat Role and RoleBinding, the metrics Service, the DaemonSet
+	// and the DRA driver's three DeviceClasses (their CEL compiled by the
+	// API server).
+	if created != 11 {
+		t.Fatalf("created %d objects, want 11", created)
 	}
 }
 
