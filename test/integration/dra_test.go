@@ -1,0 +1,179 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
+	drapbv1 "k8s.io/kubelet/pkg/apis/dra/v1"
+	kubeletdra "k8s.io/kubernetes/pkg/kubelet/cm/dra"
+	"tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/tessera-gpu/tessera/deploy"
+	"github.com/tessera-gpu/tessera/pkg/agent/dra"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+)
+
+type fixedInventory struct{ inv *gpu.NodeInventory }
+
+func (f fixedInventory) Published() *gpu.NodeInventory { return f.inv }
+
+type sourcesNeverReady struct{}
+
+func (sourcesNeverReady) AddSource(string)           {}
+func (sourcesNeverReady) AllReady() bool             { return false }
+func (sourcesNeverReady) SeenAllSources(string) bool { return false }
+
+// TestDRAClaimsThroughTheRealParts: the agent's DRA driver publishes its
+// node's ResourceSlice to the real API server (which validates its
+// capacities, request policies and taints), tessera-scheduler as shipped
+// allocates claims of the chart's DeviceClass on it (upstream's
+// DynamicResources, consumable capacity on) and binds their pods, and
+// kubelet's DRA manager has the driver prepare them: each container gets
+// the CDI device whose spec holds exactly what its claim consumed, on
+// the GPU the slice left room on.
+func TestDRAClaimsThroughTheRealParts(t *testing.T) {
+	c := startCluster(t)
+	c.registerNode("n1")
+	inv := nodeInventory(gpuNode{name: "n1", gpus: 3, memMi: 81920})
+	objs, err := deploy.Objects(deploy.Agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range objs {
+		if u.GetKind() != "DeviceClass" {
+			continue
+		}
+		var dc resourceapi.DeviceClass
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &dc); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.client.ResourceV1().DeviceClasses().Create(c.ctx, &dc, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("the chart's DeviceClass %s: %v", dc.Name, err)
+		}
+	}
+
+	plugin, err := os.MkdirTemp("", "dra") // a socket's path must be short
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(plugin) })
+	cdiDir := t.TempDir()
+	d, err := dra.New(dra.Config{Node: "n1", CDIDir: cdiDir, StateDir: plugin, Inventory: fixedInventory{inv}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := dra.Serve(c.ctx, d, dra.ServeOptions{Client: c.client, PluginDir: plugin, Policy: dra.Policy{MinMemoryMiB: 4096, MemoryOversubscription: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	// The node moved from the device plugin: a running pod holds 20 GiB
+	// and 25 % of GPU 0, another the whole of GPU 1.
+	held := map[string]dra.Held{
+		inv.GPUs[0].UUID: {MemoryMiB: 20480, CoresPerMille: 250, Containers: 1},
+		inv.GPUs[1].UUID: {MemoryMiB: 81920, CoresPerMille: 1000, Containers: 1},
+	}
+	if err := srv.Publish(c.ctx, inv, held); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextTimeout(c.ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		l, err := c.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		return err == nil && len(l.Items) == 1 && len(l.Items[0].Spec.Devices) == 3, nil
+	}); err != nil {
+		t.Fatalf("the API server holds no ResourceSlice of 3 devices from the driver: %v", err)
+	}
+
+	c.startScheduler("")
+	for name, capacity := range map[string]map[resourceapi.QualifiedName]string{
+		"slice": {"memory": "10Gi", "cores": "25"},
+		// Every core: only GPU 2 has them all.
+		"whole": {"cores": "100"},
+	} {
+		req := &resourceapi.ExactDeviceRequest{DeviceClassName: dra.DriverName, Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{}}}
+		for k, v := range capacity {
+			req.Capacity.Requests[k] = resource.MustParse(v)
+		}
+		claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: req}}}}}
+		if _, err := c.client.ResourceV1().ResourceClaims("default").Create(c.ctx, claim, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+			Spec: v1.PodSpec{SchedulerName: tesseraScheduler, ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim.Name}},
+				Containers: []v1.Container{{Name: "main", Image: "busybox", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}}}}
+		if _, err := c.client.CoreV1().Pods("default").Create(c.ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bound := c.waitBound("default", []string{"slice", "whole"}, 60*time.Second)
+
+	m, err := kubeletdra.NewManager(klog.Background(), c.client, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	getNode := func(ctx context.Context) (*v1.Node, error) {
+		return c.client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	}
+	if err := m.Start(c.ctx, func() []*v1.Pod { return nil }, getNode, sourcesNeverReady{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Stop)
+	if err := m.GetWatcherHandler().RegisterPlugin(c.ctx, dra.DriverName, dra.SocketPath(plugin), []string{drapbv1.DRAPluginService}, nil); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]struct {
+		device string
+		env    []string
+	}{
+		"slice": {"gpu-0", []string{"NVIDIA_VISIBLE_DEVICES=" + inv.GPUs[0].UUID, "TESSERA_GPU_MEMORY_LIMIT_MIB=0=10240", "TESSERA_GPU_CORES_PERCENT=0=25"}},
+		"whole": {"gpu-2", []string{"NVIDIA_VISIBLE_DEVICES=" + inv.GPUs[2].UUID, "TESSERA_GPU_ISOLATION=0:memory=device,compute=device"}},
+	} {
+		claim, err := c.client.ResourceV1().ResourceClaims("default").Get(c.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a := claim.Status.Allocation; a == nil || len(a.Devices.Results) != 1 || a.Devices.Results[0].Device != want.device || a.Devices.Results[0].ShareID == nil {
+			t.Fatalf("claim %s allocated %+v; want a share of %s", name, claim.Status.Allocation, want.device)
+		}
+		pod := bound[name]
+		if err := m.PrepareResources(c.ctx, pod); err != nil {
+			t.Fatalf("kubelet preparing pod %s: %v", name, err)
+		}
+		info, err := m.GetResources(pod, &pod.Spec.Containers[0])
+		if err != nil || len(info.CDIDevices) != 1 || info.CDIDevices[0].Name != dra.CDIKind+"="+string(claim.UID) {
+			t.Fatalf("pod %s's container gets %+v (%v); want its claim's CDI device", name, info, err)
+		}
+		b, err := os.ReadFile(dra.SpecPath(cdiDir, claim.UID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var spec specs.Spec
+		if err := json.Unmarshal(b, &spec); err != nil {
+			t.Fatal(err)
+		}
+		env := strings.Join(spec.Devices[0].ContainerEdits.Env, " ")
+		for _, kv := range want.env {
+			if !strings.Contains(env+" ", kv+" ") {
+				t.Errorf("pod %s's spec lacks %s: %s", name, kv, env)
+			}
+		}
+		t.Logf("pod %s: claim on %s consumed %v; container env %s", name, want.device, claim.Status.Allocation.Devices.Results[0].ConsumedCapacity, env)
+		if err := m.UnprepareResources(c.ctx, pod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := d.Prepared(); len(got) != 0 {
+		t.Errorf("claims left prepared: %v", got)
+	}
+}
