@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -39,6 +40,28 @@ func TestSimBuiltIn(t *testing.T) {
 	png, err := os.ReadFile(pngPath)
 	if err != nil || !bytes.HasPrefix(png, []byte("\x89PNG")) {
 		t.Errorf("plot is not a PNG (err %v)", err)
+	}
+}
+
+// TestSimFirstFit: --policy first-fit replays upstream DRA's device
+// choice beside the others asked, and only when named: all leaves it out.
+func TestSimFirstFit(t *testing.T) {
+	code, out, errOut := runCLI(t, "sim", "--policy", "first-fit,tessera", "--seeds", "42", "--synthetic-nodes", "24", "--synthetic-pods", "300", "--progress=false")
+	if code != exitOK {
+		t.Fatalf("exit %d, stderr:\n%s", code, errOut)
+	}
+	var rows []string
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 2 && (f[0] == "first-fit" || f[0] == "tessera") && strings.HasSuffix(f[2], "%") {
+			rows = append(rows, f[0])
+		}
+	}
+	if !slices.Equal(rows, []string{"first-fit", "tessera"}) {
+		t.Errorf("summary rows %v, want first-fit and tessera:\n%s", rows, out)
+	}
+	_, out, _ = runCLI(t, "sim", "--policy", "all", "--seeds", "42", "--synthetic-nodes", "24", "--synthetic-pods", "300", "--progress=false")
+	if strings.Contains(out, "first-fit") {
+		t.Errorf("--policy all replayed first-fit:\n%s", out)
 	}
 }
 

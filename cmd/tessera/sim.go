@@ -2,12 +2,13 @@ package main
 
 import (
 	"fmt"
-	"github.com/spf13/cobra"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
+	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
@@ -51,7 +52,7 @@ func (p *policyList) Set(v string) error {
 			*p = append(*p, config.Policies...)
 			continue
 		}
-		if !config.KnownPolicy(config.Policy(name)) {
+		if !config.SimPolicy(config.Policy(name)) {
 			return fmt.Errorf("unknown policy %q (want all or one of %s)", name, strings.Join(policyNames(), ", "))
 		}
 		*p = append(*p, config.Policy(name))
@@ -60,9 +61,9 @@ func (p *policyList) Set(v string) error {
 }
 
 func policyNames() []string {
-	names := make([]string, len(config.Policies))
-	for i, p := range config.Policies {
-		names[i] = string(p)
+	var names []string
+	for _, p := range append(slices.Clone(config.Policies), config.ComparisonPolicies...) {
+		names = append(names, string(p))
 	}
 	return names
 }
@@ -93,7 +94,7 @@ func newSimCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 		timeline   = fs.Bool("timeline", false, "replay the pod list by its creation_time and deletion_time, with a queue, instead of the arrival replay")
 		speedup    = fs.Float64("speedup", 1, "with --timeline: divide creation times (not lifetimes) by this, so the same pods contend harder")
 	)
-	fs.Var(&policies, "policy", "scoring policy, repeatable or comma-separated: "+strings.Join(policyNames(), ", ")+" or all (default all)")
+	fs.Var(&policies, "policy", "scoring policy, repeatable or comma-separated: "+strings.Join(policyNames(), ", ")+" or all (default all: every policy but "+string(config.PolicyFirstFit)+", upstream DRA's first-fit device choice, replayed only when named)")
 	cmd.RunE = func(*cobra.Command, []string) error {
 		*code = func() int {
 			usageErr := func(format string, a ...any) int {

@@ -43,7 +43,7 @@ type Allocator struct {
 // policies score against w, the target workload; a nil w makes them fall back
 // to best fit until a workload is known.
 func New(cfg *config.AllocatorConfig, w *Workload) (*Allocator, error) {
-	if !config.KnownPolicy(cfg.Policy) {
+	if !config.SimPolicy(cfg.Policy) {
 		return nil, fmt.Errorf("%w: allocator.policy %q: want one of %v", gpu.ErrInvalid, cfg.Policy, config.Policies)
 	}
 	if cfg.MemoryOversubscription < 1 || cfg.MemoryOversubscription > config.MaxMemoryOversubscription {

@@ -31,6 +31,8 @@ func (a *Allocator) score(n *Node, st *fragState, after *[MaxGPUsPerNode]usage, 
 		return nodeScore(a.workload.reduction(n, st, after, changed, cpuFree, memFree, a.oversub))
 	case a.policy == config.PolicyTessera && st != nil:
 		return a.tesseraScore(n, st, after, changed, cpuFree, memFree)
+	case a.policy == config.PolicyFirstFit:
+		return firstFit(n, cand, cpuFree, memFree)
 	}
 	// Binpack, and the fragmentation policies until a workload is known.
 	return bestFit(n, after, changed, cand, cpuFree)
@@ -56,6 +58,25 @@ func bestFit(n *Node, after *[MaxGPUsPerNode]usage, changed uint64, cand int, cp
 	s := -freeShare(n, after, changed, cpuFree)
 	if cand >= 0 {
 		s -= tieBreak * float64(gpu.CoresPerGPU-int64(after[cand].cores)) / gpu.CoresPerGPU
+	}
+	return s
+}
+
+// firstFit is upstream DRA's choice (config.PolicyFirstFit): the node
+// kube-scheduler's default NodeResourcesFit prefers, least allocated CPU
+// and memory after the placement (the GPUs are no resource it scores),
+// and on it the lowest-indexed GPU that fits, as the structured allocator
+// takes the first fitting device in a ResourceSlice's order.
+func firstFit(n *Node, cand int, cpuFree, memFree int64) float64 {
+	var s float64
+	if n.CPUMilli > 0 {
+		s += float64(cpuFree) / float64(n.CPUMilli)
+	}
+	if n.MemoryMiB > 0 {
+		s += float64(memFree) / float64(n.MemoryMiB)
+	}
+	if cand >= 0 {
+		s -= tieBreak * float64(cand)
 	}
 	return s
 }

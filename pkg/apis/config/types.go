@@ -33,6 +33,17 @@ const (
 // Policies lists every known policy, in the order tools print them.
 var Policies = []Policy{PolicyBinpack, PolicySpread, PolicyFGD, PolicyTessera}
 
+// PolicyFirstFit is upstream DRA's choice, for comparison in the
+// simulator only: kube-scheduler's default node score (least allocated
+// CPU and memory) picks the node, and the first GPU in index order that
+// fits takes the slice, as the structured allocator takes the first
+// device of a ResourceSlice. No scheduler runs it.
+const PolicyFirstFit Policy = "first-fit"
+
+// ComparisonPolicies are the policies `tessera sim` replays only when
+// asked by name: baselines, not choices for tessera-scheduler.
+var ComparisonPolicies = []Policy{PolicyFirstFit}
+
 // Configuration is the whole of Tessera's tunable behaviour.
 type Configuration struct {
 	APIVersion string `json:"apiVersion"`

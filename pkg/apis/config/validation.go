@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 )
@@ -116,6 +117,12 @@ func KnownPolicy(p Policy) bool {
 		}
 	}
 	return false
+}
+
+// SimPolicy reports whether the simulator replays p: a known policy or a
+// comparison baseline.
+func SimPolicy(p Policy) bool {
+	return KnownPolicy(p) || slices.Contains(ComparisonPolicies, p)
 }
 
 func policyList() string {
