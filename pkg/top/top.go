@@ -19,6 +19,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -53,6 +54,11 @@ type Tenant struct {
 	// recorded is what the agent recorded on the pod when the container
 	// started (its GPUIsolation condition), when it did.
 	recorded *gpu.Guarantee
+	// Claim names the tenant's DRA ResourceClaim (driver gpu.tessera.dev)
+	// when it holds the GPU through one; Pod is then the pod the claim is
+	// reserved for, if any, and Container is empty: every container the
+	// claim is given shares its slice.
+	Claim string `json:"claim,omitempty"`
 	// Live usage, when an agent reported it.
 	Live          bool    `json:"live"`
 	UsedMiB       int64   `json:"usedMiB,omitempty"`
@@ -155,6 +161,9 @@ type Snapshot struct {
 	// Fragmentation is the free GPU compute and what of it the cluster's
 	// typical and waiting GPU pods cannot use.
 	Fragmentation Fragmentation `json:"fragmentation"`
+	// ClaimsUnreadable says why the DRA claims could not be listed (their
+	// tenants are then missing), empty when they were.
+	ClaimsUnreadable string `json:"claimsUnreadable,omitempty"`
 }
 
 // PendingPod is a GPU pod not yet placed.
@@ -280,6 +289,7 @@ func Collect(ctx context.Context, client kubernetes.Interface) (*Snapshot, error
 			}
 		}
 	}
+	addClaims(ctx, client, snap, pods.Items, placed)
 	snap.Fragmentation = measureFragmentation(invs, placed, requests)
 	sort.Slice(snap.PendingPods, func(i, j int) bool {
 		a, b := snap.PendingPods[i], snap.PendingPods[j]
@@ -323,7 +333,78 @@ func setIsolation(g *GPU) {
 			t.Isolation = *t.recorded
 			continue
 		}
-		t.Isolation = gpu.GuaranteeOf(t.Mode, t.grant, g.Offer, gpu.MPSServerLimits{ThreadPercent: 100})
+		offer := g.Offer
+		if t.Claim != "" {
+			offer = gpu.ClaimOffer(offer)
+		}
+		t.Isolation = gpu.GuaranteeOf(t.Mode, t.grant, offer, gpu.MPSServerLimits{ThreadPercent: 100})
+	}
+}
+
+// addClaims adds the tenants of allocated gpu.tessera.dev ResourceClaims
+// to their GPUs (pool = node, device = gpu-<index>), and books them for
+// the fragmentation. A cluster without the resource.k8s.io API has none; a
+// list refused is said (ClaimsUnreadable), not taken for none.
+func addClaims(ctx context.Context, client kubernetes.Interface, snap *Snapshot, pods []v1.Pod, placed map[string][]placedPod) {
+	claims, err := client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return
+	case err != nil:
+		snap.ClaimsUnreadable = fmt.Sprintf("ResourceClaims could not be listed (%v): GPUs held through %s claims look free here", err, gpu.DRADriver)
+		return
+	}
+	at := map[string]int{} // node/index → snap.GPUs
+	for i, g := range snap.GPUs {
+		at[g.Node+"/"+strconv.Itoa(g.Index)] = i
+	}
+	phase := map[string]string{}
+	for i := range pods {
+		phase[pods[i].Namespace+"/"+pods[i].Name] = string(pods[i].Status.Phase)
+	}
+	for i := range claims.Items {
+		c := &claims.Items[i]
+		if c.Status.Allocation == nil {
+			continue
+		}
+		pod, state := "-", "Allocated"
+		for _, r := range c.Status.ReservedFor {
+			if r.Resource == "pods" {
+				pod, state = r.Name, "Reserved" // for a pod this look did not find
+				if ph, ok := phase[c.Namespace+"/"+r.Name]; ok {
+					state = ph
+				}
+				break
+			}
+		}
+		if c.DeletionTimestamp != nil {
+			state = "Terminating"
+		}
+		for _, r := range c.Status.Allocation.Devices.Results {
+			index, ok := gpu.DRADeviceIndex(r.Device)
+			if r.Driver != gpu.DRADriver || !ok {
+				continue
+			}
+			gi, ok := at[r.Pool+"/"+strconv.Itoa(index)]
+			if !ok {
+				continue
+			}
+			g := &snap.GPUs[gi]
+			mem, cores := r.ConsumedCapacity["memory"], r.ConsumedCapacity["cores"]
+			memMiB, pct := (mem.Value()+1<<20-1)>>20, cores.Value()
+			if len(r.ConsumedCapacity) == 0 {
+				memMiB, pct = g.MemoryMiB, 100 // an allocation without consumable capacity takes the device
+			}
+			mode := gpu.ClaimMode(pct, g.MPS)
+			if mode == gpu.ModeExclusive {
+				memMiB, pct = g.MemoryMiB, 100
+			}
+			grant := gpu.GPUGrant{UUID: g.UUID, Index: g.Index, MemoryMiB: memMiB, CoresPerMille: int(pct) * gpu.CoresPerGPU / 100}
+			g.Tenants = append(g.Tenants, Tenant{Namespace: c.Namespace, Pod: pod, Claim: c.Name, Mode: mode, MemoryMiB: memMiB,
+				CoresPercent: int(pct), State: state, grant: grant})
+			placed[g.Node] = append(placed[g.Node], placedPod{assignment: &gpu.PodAssignment{Node: g.Node,
+				Containers: []gpu.ContainerAssignment{{Name: "claim-" + c.Name, Mode: mode, GPUs: []gpu.GPUGrant{grant}}}}})
+		}
 	}
 }
 
@@ -451,6 +532,9 @@ func Render(w io.Writer, s *Snapshot) error {
 			if t.Container != "" {
 				name += "/" + t.Container
 			}
+			if t.Claim != "" {
+				name += " (claim " + t.Claim + ")"
+			}
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d%%\t%s\t%s\t%s\n", head, name, t.Priority, t.State, t.MemoryMiB, t.CoresPercent, held(t.Isolation), used, sm)
 		}
 	}
@@ -483,6 +567,11 @@ func Render(w io.Writer, s *Snapshot) error {
 	}
 	for _, u := range s.Unreadable {
 		if _, err := fmt.Fprintf(w, "%s; its GPUs are not shown\n", u); err != nil {
+			return err
+		}
+	}
+	if s.ClaimsUnreadable != "" {
+		if _, err := fmt.Fprintln(w, s.ClaimsUnreadable); err != nil {
 			return err
 		}
 	}

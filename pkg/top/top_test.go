@@ -2,6 +2,7 @@ package top
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -9,8 +10,12 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	restclient "k8s.io/client-go/rest"
@@ -195,5 +200,70 @@ func TestRenderTellsTheTruth(t *testing.T) {
 	}
 	if strings.Contains(text, "mps   1/8     8192/81920  10%    ns/refused/main  0      Running") {
 		t.Errorf("the pod that never started is shown Running:\n%s", text)
+	}
+}
+
+// TestClaimTenants: a GPU held through a gpu.tessera.dev ResourceClaim
+// shows its tenant (the pod it is reserved for, and the claim), with what
+// the claim consumed and what holds it for claims; a whole-GPU claim makes
+// its GPU exclusive; a claim list refused is said, not taken for none.
+func TestClaimTenants(t *testing.T) {
+	inv := &gpu.NodeInventory{Node: "node-2", GPUs: []gpu.Device{
+		{Index: 0, UUID: "GPU-a", Model: "H100", MemoryMiB: 81920, Healthy: true, Slices: 8,
+			Isolation: &gpu.IsolationOffer{KernelMemoryLimits: true, Shim: true}},
+		{Index: 1, UUID: "GPU-b", Model: "H100", MemoryMiB: 81920, Healthy: true, Slices: 8},
+	}}
+	raw, _ := gpu.EncodeInventory(inv)
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-2", Annotations: map[string]string{gpu.AnnotationInventory: string(raw)}}}
+	claim := func(name, device string, consumed map[resourceapi.QualifiedName]string) *resourceapi.ResourceClaim {
+		r := resourceapi.DeviceRequestAllocationResult{Request: "gpu", Driver: gpu.DRADriver, Pool: "node-2", Device: device,
+			ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{}}
+		for k, v := range consumed {
+			r.ConsumedCapacity[k] = resource.MustParse(v)
+		}
+		return &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns"},
+			Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{
+				Results: []resourceapi.DeviceRequestAllocationResult{r}}},
+				ReservedFor: []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "pod-" + name}}}}
+	}
+	running := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pod-slice", Namespace: "ns"}, Status: v1.PodStatus{Phase: v1.PodRunning}}
+	other := claim("nic", "eth0", nil)
+	other.Status.Allocation.Devices.Results[0].Driver = "net.example.com"
+	client := fake.NewClientset(node, running, claim("slice", "gpu-0", map[resourceapi.QualifiedName]string{"memory": "10Gi", "cores": "25", "slices": "1"}),
+		claim("whole", "gpu-1", map[resourceapi.QualifiedName]string{"memory": "80Gi", "cores": "100", "slices": "1"}), other)
+	snap, err := Collect(context.Background(), client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(snap.GPUs[0].Tenants); n != 1 || snap.GPUs[0].Tenants[0].Claim != "slice" || snap.GPUs[0].Tenants[0].Pod != "pod-slice" ||
+		snap.GPUs[0].Tenants[0].MemoryMiB != 10240 || snap.GPUs[0].Tenants[0].CoresPercent != 25 || snap.GPUs[0].Mode() != "time-slicing" {
+		t.Errorf("GPU 0's tenants %+v, mode %s; want the slice claim's 10240 MiB and 25 %%, time-sliced", snap.GPUs[0].Tenants, snap.GPUs[0].Mode())
+	}
+	if snap.GPUs[1].Mode() != "exclusive" || snap.GPUs[1].GrantedCores() != 100 {
+		t.Errorf("GPU 1 with a whole-GPU claim: mode %s, cores %d", snap.GPUs[1].Mode(), snap.GPUs[1].GrantedCores())
+	}
+	if f := snap.Fragmentation; f.FreeGPUs > 0.75+1e-9 {
+		t.Errorf("free GPUs %.2f: the claims' GPUs count as taken (want at most 0.75)", f.FreeGPUs)
+	}
+	text := render(t, snap)
+	// The kernel's limits are not set for claims: the shim holds them.
+	for _, want := range []string{"ns/pod-slice (claim slice)", "Running", "10240  25%    shim/shim", "ns/pod-whole (claim whole)", "Reserved"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("table lacks %q:\n%s", want, text)
+		}
+	}
+	if strings.Contains(text, "nic") {
+		t.Errorf("another driver's claim shown:\n%s", text)
+	}
+
+	client.PrependReactor("list", "resourceclaims", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "resource.k8s.io", Resource: "resourceclaims"}, "", errors.New("no"))
+	})
+	snap, err = Collect(context.Background(), client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if text := render(t, snap); !strings.Contains(text, "ResourceClaims could not be listed") || !strings.Contains(text, "look free here") {
+		t.Errorf("a refused claim list is not said:\n%s", text)
 	}
 }

@@ -24,7 +24,7 @@ import (
 
 // DriverName is the DRA driver's name: the domain of its attributes and
 // capacities, and what DeviceClasses select.
-const DriverName = "gpu.tessera.dev"
+const DriverName = gpu.DRADriver
 
 // The consumable capacities of a GPU device.
 const (
@@ -54,7 +54,7 @@ type Policy struct {
 }
 
 // DeviceName is the device of the GPU with NVML index i.
-func DeviceName(index int) string { return "gpu-" + strconv.Itoa(index) }
+func DeviceName(index int) string { return gpu.DRADeviceName(index) }
 
 // unlimitedSlices is the slices capacity of a GPU the adjuster sets no
 // limit on: every claim takes at least one percent of the cores, so no
@@ -165,28 +165,12 @@ func device(g gpu.Device, p Policy, h Held) resourceapi.Device {
 	return d
 }
 
-// sharedMode is how a claim that takes part of the GPU shares it: as an
-// MPS client where the GPU runs a daemon, time-sliced elsewhere.
-func sharedMode(g gpu.Device) gpu.SharingMode {
-	if g.MPSCapable {
-		return gpu.ModeMPS
-	}
-	return gpu.ModeTimeSlicing
-}
+// sharedMode is how a claim that takes part of the GPU shares it.
+func sharedMode(g gpu.Device) gpu.SharingMode { return gpu.ClaimMode(0, g.MPSCapable) }
 
-// Offer is what holds a claim's slice on a GPU with this offer: the
-// device plugin's, less the kernel's memory limits, which the agent sets
-// per pod cgroup and does not yet set for claims (their pods are known
-// only once a container starts). The MPS server's limits are left at the
-// whole GPU for the same reason, so an MPS claim's memory is held by the
-// shim where it is offered.
-func Offer(o gpu.IsolationOffer) gpu.IsolationOffer {
-	if o.KernelMemoryLimits {
-		o.KernelMemoryLimits = false
-		o.Why = strings.TrimPrefix(o.Why+"; kernel memory limits: not set for DRA claims", "; ")
-	}
-	return o
-}
+// Offer is what holds a claim's slice on a GPU with this offer
+// (gpu.ClaimOffer).
+func Offer(o gpu.IsolationOffer) gpu.IsolationOffer { return gpu.ClaimOffer(o) }
 
 // grantOf turns a consumed memory and cores into a grant on g, and the
 // sharing mode it runs in: a claim that took every core has the whole GPU.
@@ -200,9 +184,9 @@ func grantOf(g gpu.Device, memory, cores resource.Quantity) (gpu.SharingMode, gp
 		return "", gpu.GPUGrant{}, fmt.Errorf("cores %s is not a percentage from 1 to 100", cores.String())
 	}
 	grant := gpu.GPUGrant{UUID: g.UUID, Index: g.Index, MemoryMiB: memMiB, CoresPerMille: int(pct) * gpu.CoresPerGPU / 100}
-	if pct == 100 {
+	mode := gpu.ClaimMode(pct, g.MPSCapable)
+	if mode == gpu.ModeExclusive {
 		grant.MemoryMiB = g.MemoryMiB
-		return gpu.ModeExclusive, grant, nil
 	}
-	return sharedMode(g), grant, nil
+	return mode, grant, nil
 }

@@ -34,7 +34,7 @@ function tenantTile(g, t) {
     style: `flex: 0 0 ${share}%`,
     "data-pod": name,
     "data-container": t.container,
-    title: `${name} (${t.container})\n${t.mode}, ${t.memoryMiB} MiB, ${t.coresPercent}% of the SMs\n` +
+    title: `${name} (${t.claim ? "claim " + t.claim : t.container})\n${t.mode}, ${t.memoryMiB} MiB, ${t.coresPercent}% of the SMs\n` +
       `state ${t.state}, priority ${t.priority}\nheld: memory ${t.isolation.memory}, compute ${t.isolation.compute}` +
       (t.live ? `\nusing ${t.usedMiB} MiB, SM ${(100 * t.smUtilization).toFixed(0)}%` : "\nno live usage"),
   }, `${t.pod}${preempting ? " ⟲" : ""}`);

@@ -1,0 +1,56 @@
+package gpu
+
+import (
+	"strconv"
+	"strings"
+)
+
+// DRADriver is Tessera's Dynamic Resource Allocation driver: the agent
+// publishes a node's GPUs as its devices, and a pod asks with a
+// ResourceClaim instead of the extended resources.
+const DRADriver = "gpu.tessera.dev"
+
+// DRADeviceName is the device of the GPU with NVML index i in its node's
+// pool (the pool is named by the node).
+func DRADeviceName(index int) string { return "gpu-" + strconv.Itoa(index) }
+
+// DRADeviceIndex is the NVML index DRADeviceName encoded, false for a
+// name it did not write.
+func DRADeviceIndex(name string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, "gpu-")
+	if !ok {
+		return 0, false
+	}
+	i, err := strconv.Atoi(rest)
+	if err != nil || i < 0 || DRADeviceName(i) != name {
+		return 0, false
+	}
+	return i, true
+}
+
+// ClaimOffer is what holds a DRA claim's slice on a GPU with offer o: the
+// device plugin's offer, less the kernel's memory limits, which the agent
+// sets per pod cgroup and does not yet set for claims (their pods are known
+// only when a container starts). The MPS server's limits are left at the
+// whole GPU for claims for the same reason (GuaranteeOf with the whole GPU's
+// limits), so an MPS claim's memory is held by the shim where offered.
+func ClaimOffer(o IsolationOffer) IsolationOffer {
+	if o.KernelMemoryLimits {
+		o.KernelMemoryLimits = false
+		o.Why = strings.TrimPrefix(o.Why+"; kernel memory limits: not set for DRA claims", "; ")
+	}
+	return o
+}
+
+// ClaimMode is how a DRA claim that consumed coresPercent of a GPU runs
+// there: a claim that took every core has the whole GPU; otherwise it is
+// an MPS client where the GPU runs MPS, time-sliced elsewhere.
+func ClaimMode(coresPercent int64, mpsCapable bool) SharingMode {
+	switch {
+	case coresPercent >= 100:
+		return ModeExclusive
+	case mpsCapable:
+		return ModeMPS
+	}
+	return ModeTimeSlicing
+}

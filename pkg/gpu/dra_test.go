@@ -1,0 +1,34 @@
+package gpu
+
+import "testing"
+
+func TestDRADeviceIndex(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		i    int
+		ok   bool
+	}{{"gpu-0", 0, true}, {"gpu-15", 15, true}, {"gpu-01", 0, false}, {"gpu--1", 0, false}, {"gpu-", 0, false}, {"nic-0", 0, false}} {
+		if i, ok := DRADeviceIndex(tc.name); i != tc.i || ok != tc.ok {
+			t.Errorf("DRADeviceIndex(%q) = %d, %v; want %d, %v", tc.name, i, ok, tc.i, tc.ok)
+		}
+	}
+	if n := DRADeviceName(7); n != "gpu-7" {
+		t.Errorf("DRADeviceName(7) = %q", n)
+	}
+}
+
+func TestClaimOfferAndMode(t *testing.T) {
+	o := ClaimOffer(IsolationOffer{KernelMemoryLimits: true, Shim: true})
+	if o.KernelMemoryLimits || !o.Shim || o.Why != "kernel memory limits: not set for DRA claims" {
+		t.Errorf("ClaimOffer: %+v", o)
+	}
+	for _, tc := range []struct {
+		cores int64
+		mps   bool
+		want  SharingMode
+	}{{100, true, ModeExclusive}, {99, true, ModeMPS}, {25, false, ModeTimeSlicing}} {
+		if got := ClaimMode(tc.cores, tc.mps); got != tc.want {
+			t.Errorf("ClaimMode(%d, %v) = %s, want %s", tc.cores, tc.mps, got, tc.want)
+		}
+	}
+}
