@@ -349,7 +349,8 @@ func New(opts Options) (*Agent, error) {
 	}
 	a.plugin = deviceplugin.New(dpc)
 	if opts.DRA.Mode != "" && opts.DRA.Mode != DRANever {
-		dc := dra.Config{Node: opts.Node, CDIDir: opts.CDIDir, StateDir: opts.DRA.PluginDir, Inventory: a.pub, PipeDir: pipe, Shim: a.shim}
+		dc := dra.Config{Node: opts.Node, CDIDir: opts.CDIDir, StateDir: opts.DRA.PluginDir, Inventory: a.pub, PipeDir: pipe, Shim: a.shim,
+			MemoryOversubscription: cfg.Allocator.MemoryOversubscription, Booked: a.bookedByDevicePlugin}
 		if dc.StateDir == "" {
 			dc.StateDir = dra.DefaultPluginDir
 		}
@@ -879,18 +880,25 @@ func (a *Agent) publishDRA(ctx context.Context, inv *gpu.NodeInventory) {
 	}
 }
 
-// heldByDevicePlugin is what this node's unfinished pods placed through
-// the device plugin (tessera-scheduler's assignments) hold of each GPU.
-func (a *Agent) heldByDevicePlugin() map[string]dra.Held {
-	out := map[string]dra.Held{}
+// bookedByDevicePlugin is the assignments of this node's unfinished pods
+// placed through the device plugin (tessera-scheduler's).
+func (a *Agent) bookedByDevicePlugin() []*gpu.PodAssignment {
+	var out []*gpu.PodAssignment
 	if a.opts.NodePods == nil {
 		return out
 	}
 	for _, p := range a.opts.NodePods() {
-		asg, err := podgpu.BoundAssignment(p)
-		if err != nil || asg == nil || asg.Node != a.opts.Node {
-			continue
+		if asg, err := podgpu.BoundAssignment(p); err == nil && asg != nil && asg.Node == a.opts.Node {
+			out = append(out, asg)
 		}
+	}
+	return out
+}
+
+// heldByDevicePlugin is what those pods hold of each GPU.
+func (a *Agent) heldByDevicePlugin() map[string]dra.Held {
+	out := map[string]dra.Held{}
+	for _, asg := range a.bookedByDevicePlugin() {
 		for _, c := range asg.Containers {
 			for _, g := range c.GPUs {
 				h := out[g.UUID]

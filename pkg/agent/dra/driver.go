@@ -20,6 +20,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/agent/deviceplugin"
 	"github.com/tessera-gpu/tessera/pkg/agent/shim"
+	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 )
 
@@ -65,6 +66,13 @@ type Config struct {
 	// HealthEvery is how often device health is reported to kubelet when
 	// nothing changed (10 s when zero; kubelet's own timeout is 30 s).
 	HealthEvery time.Duration
+	// MemoryOversubscription is the allocator's: Σ memory of a GPU's
+	// tenants ≤ its memory × this (1 when zero).
+	MemoryOversubscription float64
+	// Booked, when set, gives the assignments of this node's pods placed
+	// through the device plugin that still hold GPUs: a claim is checked
+	// against them and the claims prepared before it.
+	Booked func() []*gpu.PodAssignment
 }
 
 // Driver is the DRA driver's node side: kubeletplugin.DRAPlugin.
@@ -96,6 +104,9 @@ func New(cfg Config) (*Driver, error) {
 	}
 	if cfg.HealthEvery <= 0 {
 		cfg.HealthEvery = 10 * time.Second
+	}
+	if cfg.MemoryOversubscription < 1 {
+		cfg.MemoryOversubscription = 1
 	}
 	claims, err := loadCheckpoint(cfg.StateDir)
 	if err != nil {
@@ -171,8 +182,11 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 	if prev, ok := d.claims[c.UID]; ok && prev.State == statePrepared && slices.Equal(prev.Devices, mine) {
 		return answer(prev), nil // kubelet asks again (a restart): same answer
 	}
-	assignment, err := d.assignment(c, mine)
+	assignment, err := d.assignment(c.Name, mine)
 	if err != nil {
+		return nil, err
+	}
+	if err := d.honoured(c.UID, assignment); err != nil {
 		return nil, err
 	}
 	e, err := deviceplugin.EditsFor(assignment, d.cfg.PipeDir)
@@ -232,12 +246,12 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 
 // assignment is the claim's devices as one container's assignment (every
 // container given the claim shares it), checked against the node's GPUs.
-func (d *Driver) assignment(c *resourceapi.ResourceClaim, devices []allocatedDevice) (gpu.ContainerAssignment, error) {
+func (d *Driver) assignment(claim string, devices []allocatedDevice) (gpu.ContainerAssignment, error) {
 	inv := d.cfg.Inventory.Published()
 	if inv == nil {
 		return gpu.ContainerAssignment{}, errors.New("the agent has not read this node's GPUs yet; kubelet retries")
 	}
-	a := gpu.ContainerAssignment{Name: "claim-" + c.Name}
+	a := gpu.ContainerAssignment{Name: "claim-" + claim}
 	for i, r := range devices {
 		if r.Pool != d.cfg.Node {
 			return a, fmt.Errorf("device %s is in pool %q, not this node's (%q)", r.Device, r.Pool, d.cfg.Node)
@@ -263,6 +277,52 @@ func (d *Driver) assignment(c *resourceapi.ResourceClaim, devices []allocatedDev
 		a.GPUs = append(a.GPUs, grant)
 	}
 	return a, nil
+}
+
+// ErrOvercommitted says a claim's allocation, counted with the claims
+// prepared before it and the device plugin's pods, asks more of a GPU than
+// it has: two allocators booked the same capacity (two schedulers running
+// DynamicResources, each with its own view), or a scheduler without
+// consumable capacity. The driver is the last line of defense, so the
+// newcomer is refused and the tenants before it keep their GPUs.
+var ErrOvercommitted = errors.New("this node cannot honour the claim's allocation")
+
+// honoured checks a claim's assignment against the node's GPUs and what
+// they hold (the device plugin's pods, then the claims prepared before it
+// in UID order) with the scheduler's own rules (allocator.Node: Σ cores ≤
+// 100 %, Σ memory ≤ memory × oversubscription, one sharing mode per GPU).
+func (d *Driver) honoured(uid types.UID, a gpu.ContainerAssignment) error {
+	inv := d.cfg.Inventory.Published()
+	node, err := allocator.NewNode(inv)
+	if err != nil {
+		return fmt.Errorf("the agent's own inventory: %w", err)
+	}
+	oversub := d.cfg.MemoryOversubscription
+	if d.cfg.Booked != nil {
+		for _, b := range d.cfg.Booked() {
+			// Honoured by the device plugin when they started; one that
+			// no longer fits (a GPU lost) still counts what it can.
+			_ = node.AddAssignment(b, 0, 0, oversub)
+		}
+	}
+	uids := make([]types.UID, 0, len(d.claims))
+	for u, rec := range d.claims {
+		if u != uid && rec.State == statePrepared {
+			uids = append(uids, u)
+		}
+	}
+	slices.Sort(uids)
+	for _, u := range uids {
+		prev, err := d.assignment(d.claims[u].Name, d.claims[u].Devices)
+		if err != nil {
+			continue // its GPU gone or unhealthy: nothing of it to count
+		}
+		_ = node.AddAssignment(&gpu.PodAssignment{Node: inv.Node, Containers: []gpu.ContainerAssignment{prev}}, 0, 0, oversub)
+	}
+	if err := node.AddAssignment(&gpu.PodAssignment{Node: inv.Node, Containers: []gpu.ContainerAssignment{a}}, 0, 0, oversub); err != nil {
+		return fmt.Errorf("%w, counting the claims prepared and the device plugin's pods on it before: %v", ErrOvercommitted, err)
+	}
+	return nil
 }
 
 // answer is what kubelet is told of a prepared claim: its CDI device for

@@ -531,3 +531,43 @@ func TestMissingCapacityFailsClosed(t *testing.T) {
 		t.Errorf("a spec was written: %v", err)
 	}
 }
+
+// TestOvercommitRefused: two allocators that each booked the same GPU
+// (two schedulers with their own views) make the second claim ask more
+// than the GPU has once the first is prepared: the driver, the last line
+// of defense, refuses it and the first keeps its GPU; a claim over what
+// the device plugin's pods hold is refused too.
+func TestOvercommitRefused(t *testing.T) {
+	n := startNode(t)
+	on1 := `device.attributes["gpu.tessera.dev"].index == 1`
+	big := map[resourceapi.QualifiedName]string{"memory": "8Gi", "cores": "60"}
+	first := n.claim("first", big, on1)
+	n.release(first) // the second allocator did not see it
+	second := n.claim("second", big, on1)
+	if first == nil || second == nil {
+		t.Fatal("upstream's allocator did not place both")
+	}
+	p1, p2 := n.pod(first), n.pod(second)
+	if err := n.manager.PrepareResources(n.ctx, p1); err != nil {
+		t.Fatal(err)
+	}
+	err := n.manager.PrepareResources(n.ctx, p2)
+	if err == nil || !strings.Contains(err.Error(), "this node cannot honour the claim's allocation") || !strings.Contains(err.Error(), "GPU-1") {
+		t.Fatalf("the overcommitting claim: %v; want it refused naming the GPU", err)
+	}
+	if got := n.driver.Prepared(); !slices.Equal(got, []types.UID{first.UID}) {
+		t.Errorf("prepared %v, want only the first claim", got)
+	}
+
+	// The device plugin's pods hold 50 % of GPU 0: a 60 % claim there is
+	// refused.
+	n.cfg.Booked = func() []*gpu.PodAssignment {
+		return []*gpu.PodAssignment{{Node: "node-a", Containers: []gpu.ContainerAssignment{{Name: "main", Mode: gpu.ModeMPS,
+			GPUs: []gpu.GPUGrant{{UUID: "GPU-0", MemoryMiB: 4096, CoresPerMille: 500}}}}}}
+	}
+	n.restartDriver()
+	third := n.claim("third", big, `device.attributes["gpu.tessera.dev"].index == 0`)
+	if err := n.manager.PrepareResources(n.ctx, n.pod(third)); err == nil || !strings.Contains(err.Error(), "cannot honour") {
+		t.Fatalf("a claim over the device plugin's pods: %v; want it refused", err)
+	}
+}
