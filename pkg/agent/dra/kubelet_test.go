@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
 	drapbv1 "k8s.io/kubelet/pkg/apis/dra/v1"
@@ -569,5 +570,50 @@ func TestOvercommitRefused(t *testing.T) {
 	third := n.claim("third", big, `device.attributes["gpu.tessera.dev"].index == 0`)
 	if err := n.manager.PrepareResources(n.ctx, n.pod(third)); err == nil || !strings.Contains(err.Error(), "cannot honour") {
 		t.Fatalf("a claim over the device plugin's pods: %v; want it refused", err)
+	}
+}
+
+// TestHealthReports: kubelet's health stream gets every GPU's health at
+// once, and again as soon as the inventory changes (a fault).
+func TestHealthReports(t *testing.T) {
+	inv := &staticInventory{inv: testInventory()}
+	d, err := New(Config{Node: "node-a", CDIDir: t.TempDir(), StateDir: t.TempDir(), Inventory: inv, HealthEvery: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	reports := make(chan kubeletplugin.DeviceHealthReport)
+	done := make(chan error, 1)
+	go func() { done <- d.WatchHealthStatus(ctx, reports) }()
+	health := func(r kubeletplugin.DeviceHealthReport) map[string]kubeletplugin.HealthStatus {
+		out := map[string]kubeletplugin.HealthStatus{}
+		for _, h := range r.Devices {
+			if h.PoolName != "node-a" || h.HealthCheckTimeout != 3*time.Hour {
+				t.Errorf("report %+v: want pool node-a and a timeout of three report periods", h)
+			}
+			out[h.DeviceName] = h.Health
+		}
+		return out
+	}
+	if got := health(<-reports); got["gpu-0"] != kubeletplugin.HealthStatusHealthy || got["gpu-2"] != kubeletplugin.HealthStatusUnhealthy || len(got) != 3 {
+		t.Errorf("first report %v", got)
+	}
+	inv.mu.Lock()
+	changed := testInventory()
+	changed.GPUs[0].Healthy = false
+	inv.inv = changed
+	inv.mu.Unlock()
+	d.InventoryChanged()
+	select {
+	case r := <-reports:
+		if got := health(r); got["gpu-0"] != kubeletplugin.HealthStatusUnhealthy {
+			t.Errorf("after the fault: %v", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no report after the inventory changed (the next periodic one is an hour away)")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("WatchHealthStatus: %v", err)
 	}
 }
