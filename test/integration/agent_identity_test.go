@@ -9,6 +9,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -169,6 +170,28 @@ func TestAgentIsNodeBound(t *testing.T) {
 		{"delete its heartbeat", "agent of n1", func(ctx context.Context, cs kubernetes.Interface) error {
 			return cs.CoordinationV1().Leases(deploy.Namespace).Delete(ctx, "tessera-agent-n1", metav1.DeleteOptions{})
 		}, "rbac", `cannot delete resource "leases"`},
+
+		// ResourceSlices (the DRA driver): its own node's, of its driver.
+		{"publish its node's slice", "agent of n1", createSlice("n1-gpus", "n1", "gpu.tessera.dev"), "", ""},
+		{"update its node's slice", "agent of n1", func(ctx context.Context, cs kubernetes.Interface) error {
+			s, err := cs.ResourceV1().ResourceSlices().Get(ctx, "n1-gpus", metav1.GetOptions{})
+			if err == nil {
+				s.Spec.Pool.Generation++
+				_, err = cs.ResourceV1().ResourceSlices().Update(ctx, s, metav1.UpdateOptions{})
+			}
+			return err
+		}, "", ""},
+		{"publish another node's slice", "agent of n1", createSlice("n2-gpus", "n2", "gpu.tessera.dev"),
+			bound, "tessera-agent of node n1 may not create ResourceSlice n2-gpus (driver gpu.tessera.dev, node n2): an agent writes only its own node's gpu.tessera.dev slices"},
+		{"publish another driver's slice on its node", "agent of n1", createSlice("n1-nics", "n1", "net.example.com"),
+			bound, "may not create ResourceSlice n1-nics (driver net.example.com, node n1)"},
+		{"publish a slice, no node named", "agent, no node", createSlice("n1-more", "n1", "gpu.tessera.dev"), bound, noNode},
+		{"delete another node's slice", "agent of n2", func(ctx context.Context, cs kubernetes.Interface) error {
+			return cs.ResourceV1().ResourceSlices().Delete(ctx, "n1-gpus", metav1.DeleteOptions{})
+		}, bound, "tessera-agent of node n2 may not delete ResourceSlice n1-gpus"},
+		{"delete its node's slice", "agent of n1", func(ctx context.Context, cs kubernetes.Interface) error {
+			return cs.ResourceV1().ResourceSlices().Delete(ctx, "n1-gpus", metav1.DeleteOptions{})
+		}, "", ""},
 	}
 	send(t, c.ctx, as, steps)
 
@@ -179,6 +202,16 @@ func TestAgentIsNodeBound(t *testing.T) {
 	}
 	if _, err := c.client.CoreV1().Pods(ns).Get(c.ctx, "on-n2", metav1.GetOptions{}); err != nil {
 		t.Errorf("on-n2: %v", err)
+	}
+}
+
+// createSlice creates a ResourceSlice of driver for node's pool, with no
+// device.
+func createSlice(name, node, driver string) func(context.Context, kubernetes.Interface) error {
+	return func(ctx context.Context, cs kubernetes.Interface) error {
+		_, err := cs.ResourceV1().ResourceSlices().Create(ctx, &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: resourceapi.ResourceSliceSpec{Driver: driver, NodeName: &node, Pool: resourceapi.ResourcePool{Name: node, ResourceSliceCount: 1}}}, metav1.CreateOptions{})
+		return err
 	}
 }
 
