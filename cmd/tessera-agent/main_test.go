@@ -74,7 +74,8 @@ func TestStartupErrors(t *testing.T) {
 // renders for an operator's values — no-GPU mode and an extra flag — as
 // its DaemonSet would, on a node without a driver: it does not exit for
 // the missing driver (exit 3, crash-looping), it goes on to serve an empty
-// node (here it stops at the API server, which this test does not run).
+// node (here it stops at the API server, which this test does not run,
+// reading its Node for the chart's --dra=node-label).
 func TestChartArgsAreTheAgents(t *testing.T) {
 	var values map[string]any
 	if err := yaml.Unmarshal([]byte(`agent: {allowNoGPU: true, extraArgs: ["--scheduler-names=tessera-scheduler,gpu-batch"]}`), &values); err != nil {
@@ -132,8 +133,11 @@ func TestChartArgsAreTheAgents(t *testing.T) {
 	defer cancel()
 	var errOut bytes.Buffer
 	code := run(ctx, append(args, local...), &errOut)
-	if code == exitNoDriver || code == exitUsage || !strings.Contains(errOut.String(), "publish GPU inventory of node n1") {
-		t.Fatalf("the agent with the chart's no-GPU mode exited %d: %s; want it past the driver, publishing the empty node's inventory", code, errOut.String())
+	// Past the driver, the agent's first request is the chart's
+	// --dra=node-label reading its Node's label (which decides what the
+	// first inventory says), here with no API server to answer.
+	if code == exitNoDriver || code == exitUsage || !strings.Contains(errOut.String(), "reading node n1's tessera.dev/dra label (--dra=node-label)") {
+		t.Fatalf("the agent with the chart's no-GPU mode exited %d: %s; want it past the driver, reading its node's DRA label", code, errOut.String())
 	}
 	// --shim-library was read and put where --shim-dir says.
 	if b, err := os.ReadFile(filepath.Join(dir, "shim", "libtessera.so")); err != nil || string(b) != "library" {

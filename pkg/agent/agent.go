@@ -39,6 +39,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -251,9 +252,10 @@ type Agent struct {
 
 	// draDriver prepares claims (nil unless Options.DRA may serve them);
 	// draServer serves kubelet once Run chose DRA for this node.
-	draDriver *dra.Driver
-	draMu     sync.Mutex
-	draServer *dra.Server
+	draDriver  *dra.Driver
+	draMu      sync.Mutex
+	draServer  *dra.Server
+	servingDRA atomic.Bool
 }
 
 // New opens NVML and reads the GPUs. Without a driver it fails with
@@ -558,6 +560,7 @@ func (a *Agent) Inventory(now time.Time) *gpu.NodeInventory {
 		inv.GPUs = append(inv.GPUs, dev)
 	}
 	inv.Reclaimed = a.preempt.Reclaimed()
+	inv.DRA = a.servingDRA.Load()
 	return inv
 }
 
@@ -725,14 +728,17 @@ func (a *Agent) Run(ctx context.Context, pluginDir, metricsAddr string) error {
 		}
 		a.applyTimeSlices(ctx, time.Now())
 	}
-	if err := a.Refresh(ctx, time.Now()); err != nil {
-		return err
-	}
-	errc := make(chan error, 3)
+	// Decided before the first inventory: a DRA node's says so, and
+	// tessera-scheduler places no tessera.dev/gpu pod there.
 	useDRA, err := a.servesDRA(ctx)
 	if err != nil {
 		return err
 	}
+	a.servingDRA.Store(useDRA)
+	if err := a.Refresh(ctx, time.Now()); err != nil {
+		return err
+	}
+	errc := make(chan error, 3)
 	if useDRA {
 		srv, err := dra.Serve(ctx, a.draDriver, dra.ServeOptions{Client: a.opts.Client, PluginDir: a.opts.DRA.PluginDir, RegistryDir: a.opts.DRA.RegistryDir,
 			Policy: a.draPolicy()})

@@ -97,6 +97,11 @@ func TestDRANodeServesGPUsAsDevices(t *testing.T) {
 	if _, err := os.Stat(dra.SocketPath(plugins)); err != nil {
 		t.Errorf("the driver's socket: %v", err)
 	}
+	// The inventory says so: tessera-scheduler places no tessera.dev/gpu
+	// pod here.
+	if inv := published(t, client); !inv.DRA || len(inv.GPUs) != 8 {
+		t.Errorf("the DRA node's inventory: DRA %v, %d GPUs", inv.DRA, len(inv.GPUs))
+	}
 	t0 := time.Now()
 	uuid := a.devices[3].UUID
 	a.Observe(context.Background(), nvml.Event{UUID: uuid, Type: gonvml.EventTypeXidCriticalError, Xid: 79}, t0)
@@ -124,6 +129,9 @@ func TestUnlabelledNodeKeepsTheDevicePlugin(t *testing.T) {
 	}
 	if _, err := os.Stat(dra.SocketPath(plugins)); !os.IsNotExist(err) {
 		t.Errorf("the driver serves on an unlabelled node: %v", err)
+	}
+	if inv := published(t, client); inv.DRA {
+		t.Error("an unlabelled node's inventory says it serves DRA")
 	}
 }
 

@@ -92,6 +92,9 @@ type Node struct {
 	GPUs      []GPU
 	// Version changes whenever the usage changes, so callers can cache per node.
 	Version uint64
+	// DRA: the node serves its GPUs through DRA claims (inventory DRA):
+	// no GPU request is placed here (ServesDRA).
+	DRA     bool
 	hasTopo bool
 }
 
@@ -103,7 +106,7 @@ func NewNode(inv *gpu.NodeInventory) (*Node, error) {
 	if len(inv.GPUs) > MaxGPUsPerNode {
 		return nil, fmt.Errorf("%w: node %s has %d GPUs, more than the %d supported", gpu.ErrInvalid, inv.Node, len(inv.GPUs), MaxGPUsPerNode)
 	}
-	n := &Node{Name: inv.Node, CPUMilli: inv.CPUMilli, MemoryMiB: inv.MemoryMiB, GPUs: make([]GPU, len(inv.GPUs))}
+	n := &Node{Name: inv.Node, CPUMilli: inv.CPUMilli, MemoryMiB: inv.MemoryMiB, GPUs: make([]GPU, len(inv.GPUs)), DRA: inv.DRA}
 	pos := make(map[int]int, len(inv.GPUs))
 	for i, d := range inv.GPUs {
 		pos[d.Index] = i

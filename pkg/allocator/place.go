@@ -3,6 +3,7 @@ package allocator
 import (
 	"fmt"
 	"math/bits"
+	"slices"
 
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
@@ -90,6 +91,9 @@ func (a *Allocator) Place(n *Node, r *Request, p *Placement) Reason {
 func (a *Allocator) place(n *Node, r *Request, p *Placement, st *fragState) Reason {
 	p.Grants = p.Grants[:0]
 	p.Score = 0
+	if n.DRA && slices.ContainsFunc(r.Containers, func(c Container) bool { return c.Count > 0 }) {
+		return Reason{Code: ServesDRA, GPU: -1}
+	}
 	cpuFree := n.CPUMilli - n.CPUUsed - r.CPUMilli
 	if cpuFree < 0 {
 		return Reason{Code: InsufficientCPU, Want: r.CPUMilli, Have: n.CPUMilli - n.CPUUsed, GPU: -1}

@@ -23,13 +23,14 @@ const (
 	SlicesFull
 	NoTimeSlicing
 	NoHardMemory
+	ServesDRA
 )
 
 // NumCodes is how many codes there are (Fits included): an array indexed by
 // Code holds one entry for each.
 const NumCodes = len(codeNames)
 
-var codeNames = [...]string{"Fits", "InsufficientCPU", "InsufficientMemory", "NoAllowedModel", "NoHealthyGPU", "NotEnoughWholeGPUs", "NoFragment", "ModeConflict", "NoMPS", "SlicesFull", "NoTimeSlicing", "NoHardMemory"}
+var codeNames = [...]string{"Fits", "InsufficientCPU", "InsufficientMemory", "NoAllowedModel", "NoHealthyGPU", "NotEnoughWholeGPUs", "NoFragment", "ModeConflict", "NoMPS", "SlicesFull", "NoTimeSlicing", "NoHardMemory", "ServesDRA"}
 
 func (c Code) String() string {
 	if int(c) < len(codeNames) {
@@ -83,6 +84,8 @@ func (r Reason) String() string {
 		return "every GPU runs MPS, and the pod asks for tessera.dev/sharing=time-slicing (use mps or auto)"
 	case NoHardMemory:
 		return "no GPU here holds a slice's memory in the kernel (NVML cgroup limits on a time-sliced GPU), and the pod asks for tessera.dev/isolation=memory-hard (ask for whole GPUs, or place it on nodes whose driver offers the limits)"
+	case ServesDRA:
+		return "the node serves its GPUs through DRA: ask there with a ResourceClaim of a gpu.tessera.dev DeviceClass, not tessera.dev/gpu"
 	case SlicesFull:
 		return fmt.Sprintf("GPUs with room hold as many slices as their agent offers (GPU %d: %d); the count follows the GPU's forecast load", r.GPU, r.Have)
 	case ModeConflict:
@@ -123,6 +126,8 @@ func (c Code) Message() string {
 		return "every GPU runs MPS (the pod asks for tessera.dev/sharing=time-slicing)"
 	case NoHardMemory:
 		return "no GPU holds a slice's memory in the kernel (the pod asks for tessera.dev/isolation=memory-hard)"
+	case ServesDRA:
+		return "the node serves its GPUs through DRA (gpu.tessera.dev ResourceClaims)"
 	}
 	return c.String()
 }
@@ -133,7 +138,7 @@ func (c Code) Message() string {
 // inventory is, never because a booking changed.
 func (c Code) FromInventory() bool {
 	switch c {
-	case NoHealthyGPU, NoAllowedModel, NoMPS, NoTimeSlicing, NoHardMemory:
+	case NoHealthyGPU, NoAllowedModel, NoMPS, NoTimeSlicing, NoHardMemory, ServesDRA:
 		return true
 	}
 	return false
@@ -142,7 +147,8 @@ func (c Code) FromInventory() bool {
 // short is the code's clause in Summarize's line: "<n> nodes short of …".
 var short = [...]string{Fits: "", InsufficientCPU: "CPU", InsufficientMemory: "memory", NoAllowedModel: "an allowed GPU model",
 	NoHealthyGPU: "healthy GPUs", NotEnoughWholeGPUs: "whole GPUs", NoFragment: "a GPU fragment", ModeConflict: "a GPU in the pod's sharing mode",
-	NoMPS: "MPS-capable GPUs", SlicesFull: "free slices", NoTimeSlicing: "time-sliced GPUs", NoHardMemory: "kernel memory limits"}
+	NoMPS: "MPS-capable GPUs", SlicesFull: "free slices", NoTimeSlicing: "time-sliced GPUs", NoHardMemory: "kernel memory limits",
+	ServesDRA: "device-plugin GPUs (the node serves DRA claims; ask there with a ResourceClaim)"}
 
 // Tally folds the reasons of many nodes as they come (Filter runs on them
 // in parallel; the caller serializes Add), keeping what Summarize says: how

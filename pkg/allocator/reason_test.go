@@ -113,10 +113,30 @@ func TestFromInventory(t *testing.T) {
 			t.Errorf("%v.FromInventory() = false", tc.want)
 		}
 	}
-	inventory := map[Code]bool{NoHealthyGPU: true, NoAllowedModel: true, NoMPS: true, NoTimeSlicing: true, NoHardMemory: true}
+	inventory := map[Code]bool{NoHealthyGPU: true, NoAllowedModel: true, NoMPS: true, NoTimeSlicing: true, NoHardMemory: true, ServesDRA: true}
 	for c := range Code(NumCodes) {
 		if got := c.FromInventory(); got != inventory[c] {
 			t.Errorf("%v.FromInventory() = %v, want %v", c, got, inventory[c])
 		}
+	}
+}
+
+// TestDRANodeTakesNoGPUPod: a node whose GPUs are served through DRA
+// claims takes no GPU request, whatever it has free, and says why; a
+// CPU-only pod still fits.
+func TestDRANodeTakesNoGPUPod(t *testing.T) {
+	a := newAllocator(t, config.PolicyTessera, 1)
+	n := testNode(t, "n", 2, 81920, false)
+	n.DRA = true
+	var p Placement
+	for _, req := range []*Request{whole(1), slice(10240, 20)} {
+		why := a.Place(n, checked(t, req), &p)
+		if why.Code != ServesDRA || !strings.Contains(why.String(), "ResourceClaim") || !ServesDRA.FromInventory() {
+			t.Errorf("a GPU pod on a DRA node: %v (%s)", why.Code, why)
+		}
+	}
+	cpu := checked(t, &Request{Sharing: gpu.ModeAuto, CPUMilli: 1000})
+	if why := a.Place(n, cpu, &p); !why.OK() {
+		t.Errorf("a CPU-only pod on a DRA node: %v", why)
 	}
 }

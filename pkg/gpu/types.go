@@ -93,6 +93,10 @@ type NodeInventory struct {
 	CPUMilli  int64    `json:"cpuMilli"`
 	MemoryMiB int64    `json:"memoryMiB"`
 	GPUs      []Device `json:"gpus"`
+	// DRA says the node serves its GPUs through the DRA driver (DRADriver):
+	// pods ask there with ResourceClaims, and tessera-scheduler places no
+	// tessera.dev/gpu pod on it (kubelet has no slots to give).
+	DRA bool `json:"dra,omitempty"`
 	// Reclaimed lists the UIDs of preempted pods whose GPUs the agent has
 	// verified clean (no process of theirs holds a CUDA context), most
 	// recent last, bounded by MaxReclaimed. The scheduler keeps a

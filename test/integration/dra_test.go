@@ -22,6 +22,7 @@ import (
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/pkg/agent/dra"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/inventory"
 )
 
 type fixedInventory struct{ inv *gpu.NodeInventory }
@@ -94,7 +95,19 @@ func TestDRAClaimsThroughTheRealParts(t *testing.T) {
 		t.Fatalf("the API server holds no ResourceSlice of 3 devices from the driver: %v", err)
 	}
 
+	// The agent's inventory of a DRA node says so: tessera-scheduler
+	// places no tessera.dev/gpu pod there, and says why.
+	inv.DRA = true
+	if _, err := inventory.Publish(c.ctx, c.client, inv); err != nil {
+		t.Fatal(err)
+	}
 	c.startScheduler("")
+	c.createPod("default", podSpec{name: "plugin-pod", gpus: 1})
+	if err := wait.PollUntilContextTimeout(c.ctx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return strings.Contains(c.unschedulableMessage("default", "plugin-pod"), "the node serves DRA claims; ask there with a ResourceClaim"), nil
+	}); err != nil {
+		t.Errorf("a tessera.dev/gpu pod on the only (DRA) node: %q; want it refused for serving DRA", c.unschedulableMessage("default", "plugin-pod"))
+	}
 	for name, capacity := range map[string]map[resourceapi.QualifiedName]string{
 		"slice": {"memory": "10Gi", "cores": "25"},
 		// Every core: only GPU 2 has them all.
