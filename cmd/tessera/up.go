@@ -5,13 +5,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/spf13/cobra"
 	"io"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/spf13/cobra"
 
 	"k8s.io/klog/v2"
 
@@ -42,6 +43,7 @@ func newUpCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 	fs.IntVar(&opts.Nodes, "nodes", 4, "simulated GPU nodes")
 	fs.IntVar(&opts.GPUsPerNode, "gpus-per-node", 8, "GPUs per node (1–8)")
 	fs.StringVar(&opts.Model, "gpu-model", "h100", "GPU model of every node: "+strings.Join(playground.Models, ", "))
+	fs.IntVar(&opts.DRANodes, "dra-nodes", 0, "how many nodes (the last ones) serve their GPUs through the DRA driver gpu.tessera.dev instead of the device plugin; --demo then also runs a pod asking with a ResourceClaim")
 	fs.BoolVar(&opts.DriverKernelLimits, "driver-kernel-limits", false, "simulate a driver whose NVML sets per-cgroup GPU memory limits (newer than R580): time-sliced memory is then held by the kernel, not libtessera")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		*code = func() int {
@@ -85,7 +87,11 @@ func newUpCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 			}()
 
 			start := time.Now()
-			fmt.Fprintf(stdout, "Starting %d %s nodes × %d GPUs (%d in MPS mode) …\n", opts.Nodes, opts.Model, opts.GPUsPerNode, opts.MPSNodes)
+			draNote := ""
+			if opts.DRANodes > 0 {
+				draNote = fmt.Sprintf(", %d serving DRA", opts.DRANodes)
+			}
+			fmt.Fprintf(stdout, "Starting %d %s nodes × %d GPUs (%d in MPS mode%s) …\n", opts.Nodes, opts.Model, opts.GPUsPerNode, opts.MPSNodes, draNote)
 			c, err := playground.Up(ctx, opts)
 			if err != nil {
 				fmt.Fprintf(stderr, "tessera up: %v (log: %s)\n", err, logPath)
@@ -121,7 +127,7 @@ func newUpCmd(stdout, stderr io.Writer, code *int) *cobra.Command {
 					"  Components' log:   %s\n\n", c.Kubeconfig, c.Kubeconfig, strings.Join(metrics, ","), webLine, c.SchedulerMetricsURL, strings.Join(metrics, " "), logPath)
 			}
 			if *demo {
-				if err := runDemo(ctx, c, start, metrics, stdout); err != nil {
+				if err := runDemo(ctx, c, start, metrics, opts.DRANodes > 0, stdout); err != nil {
 					fmt.Fprintf(stderr, "tessera up: demo: %v\n", err)
 					return exitError
 				}
@@ -161,11 +167,19 @@ func logToFile(path string, verbosity int) error {
 
 // runDemo submits the sample workload, waits for it to settle and prints
 // the table.
-func runDemo(ctx context.Context, c *playground.Cluster, start time.Time, metrics []string, stdout io.Writer) error {
+func runDemo(ctx context.Context, c *playground.Cluster, start time.Time, metrics []string, withClaim bool, stdout io.Writer) error {
 	specs := playground.DemoWorkload()
 	submitted := time.Now()
 	if err := playground.Submit(ctx, c.Client, playground.DemoNamespace, specs); err != nil {
 		return err
+	}
+	submittedPods := len(specs)
+	if withClaim {
+		// A DRA node: one pod asks with a ResourceClaim instead.
+		if err := playground.SubmitClaims(ctx, c.Client, playground.DemoNamespace, []playground.ClaimPod{{Name: "claim-slice", MemoryMiB: 10240, Cores: 25}}); err != nil {
+			return err
+		}
+		submittedPods++
 	}
 	s, err := playground.WaitSettled(ctx, c.Client, playground.DemoNamespace, 60*time.Second)
 	if err != nil {
@@ -187,7 +201,7 @@ func runDemo(ctx context.Context, c *playground.Cluster, start time.Time, metric
 		}
 	}
 	fmt.Fprintf(stdout, "Submitted %d pods; %d Running. First pod Running %.1f s after submission, %.1f s after `tessera up` started.\n\n",
-		len(specs), s.Running, s.FirstRunning.Sub(submitted).Seconds(), s.FirstRunning.Sub(start).Seconds())
+		submittedPods, s.Running, s.FirstRunning.Sub(submitted).Seconds(), s.FirstRunning.Sub(start).Seconds())
 	if err := top.Render(stdout, snap); err != nil {
 		return err
 	}

@@ -90,6 +90,32 @@ func TestUpDriverKernelLimits(t *testing.T) {
 	}
 }
 
+// TestUpDRANodes: `tessera up --demo --dra-nodes 1` starts a node that
+// serves its GPUs through DRA, and the demo's table shows the pod that
+// asked with a ResourceClaim on it, with the claim's slice.
+func TestUpDRANodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a whole playground; skipped with -short")
+	}
+	code, out, errOut := runCLI(t, "up", "--demo", "--nodes", "5", "--mps-nodes", "2", "--dra-nodes", "1")
+	if code != exitOK {
+		t.Fatalf("exit %d, stderr:\n%s\nstdout:\n%s", code, errOut, out)
+	}
+	if !strings.Contains(out, "(2 in MPS mode, 1 serving DRA)") {
+		t.Errorf("the banner does not say which nodes serve DRA:\n%s", out)
+	}
+	row := regexp.MustCompile(`gpu-node-4 .*demo/claim-slice \(claim claim-slice\)\s+\d+\s+Running\s+10240\s+25%\s+shim/shim`)
+	if !row.MatchString(out) {
+		t.Errorf("the demo's table lacks the claim's pod on the DRA node gpu-node-4:\n%s", out)
+	}
+	if m := regexp.MustCompile(`Components' log kept at (\S+)`).FindStringSubmatch(out); m != nil {
+		os.Remove(m[1])
+	}
+	if code, _, errOut := runCLI(t, "up", "--nodes", "2", "--dra-nodes", "3"); code != exitUsage || !strings.Contains(errOut, "--dra-nodes 3: want 0–2") {
+		t.Errorf("--dra-nodes above --nodes: exit %d, %q", code, errOut)
+	}
+}
+
 // TestUpReportsAFailedStart: a playground that cannot start (here, a
 // TMPDIR too deep for kubelet's unix sockets) exits non-zero with the cause
 // and what to do, not a panic (issue 38: the start-up error was hidden by a

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -95,6 +96,42 @@ func Submit(ctx context.Context, client kubernetes.Interface, namespace string, 
 	for _, s := range specs {
 		if _, err := client.CoreV1().Pods(namespace).Create(ctx, s.Pod(namespace), metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("pod %s: %w", s.Name, err)
+		}
+	}
+	return nil
+}
+
+// ClaimPod is a pod asking for a slice with a ResourceClaim of the DRA
+// driver's DeviceClass (memory and cores as consumable capacity) instead
+// of the extended resources: it runs on a DRA node (Options.DRANodes).
+type ClaimPod struct {
+	Name      string
+	MemoryMiB int64
+	Cores     int
+}
+
+// SubmitClaims creates each pod and its claim (named as the pod) in
+// namespace (created if missing).
+func SubmitClaims(ctx context.Context, client kubernetes.Interface, namespace string, pods []ClaimPod) error {
+	ns := &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}
+	if _, err := client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	for _, cp := range pods {
+		claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: cp.Name, Namespace: namespace},
+			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpu",
+				Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: gpu.DRADriver, Capacity: &resourceapi.CapacityRequirements{
+					Requests: map[resourceapi.QualifiedName]resource.Quantity{
+						"memory": *resource.NewQuantity(cp.MemoryMiB<<20, resource.BinarySI),
+						"cores":  *resource.NewQuantity(int64(cp.Cores), resource.DecimalSI)}}}}}}}}
+		if _, err := client.ResourceV1().ResourceClaims(namespace).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("claim %s: %w", cp.Name, err)
+		}
+		pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: cp.Name, Namespace: namespace},
+			Spec: v1.PodSpec{SchedulerName: "tessera-scheduler", ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim.Name}},
+				Containers: []v1.Container{{Name: "main", Image: "registry.example/workload", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}}}}
+		if _, err := client.CoreV1().Pods(namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("pod %s: %w", cp.Name, err)
 		}
 	}
 	return nil

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -30,10 +31,13 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	drapbv1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"k8s.io/kubernetes/pkg/kubelet/apis/podresources"
 	dpv1beta1 "k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/plugin/v1beta1"
+	kubeletdra "k8s.io/kubernetes/pkg/kubelet/cm/dra"
 
+	"github.com/tessera-gpu/tessera/pkg/agent/dra"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/patch"
 	"github.com/tessera-gpu/tessera/pkg/preemption"
@@ -104,6 +108,14 @@ type kubelet struct {
 	running map[types.UID]*v1.Pod             // pods whose containers run
 	stopAt  map[types.UID]*time.Timer         // run-for timers
 	reacted map[types.UID]bool                // preemption notices acted on
+	// draNode: the node serves its GPUs through the DRA driver; dra is
+	// kubelet's own DRA manager (pkg/kubelet/cm/dra) then, draPods the
+	// pods whose claims it prepared, and draUp whether the agent's driver
+	// is registered with it.
+	draNode bool
+	dra     *kubeletdra.Manager
+	draPods map[types.UID]*v1.Pod
+	draUp   atomic.Bool
 	// exited are the pods whose containers ended by themselves: they are
 	// not started again while the API still shows them Running (their
 	// status update in flight), as kubelet does not restart them.
@@ -131,10 +143,71 @@ func newKubelet(node, dir, noticeRoot string, client kubernetes.Interface, l *lo
 	return &kubelet{
 		node: node, dir: dir, client: client, load: l, noticeRoot: noticeRoot,
 		devices: map[string]bool{}, held: map[types.UID]map[string][]string{},
-		running: map[types.UID]*v1.Pod{},
-		stopAt:  map[types.UID]*time.Timer{}, reacted: map[types.UID]bool{}, exited: map[types.UID]bool{},
+		running: map[types.UID]*v1.Pod{}, draPods: map[types.UID]*v1.Pod{},
+		stopAt: map[types.UID]*time.Timer{}, reacted: map[types.UID]bool{}, exited: map[types.UID]bool{},
 	}
 }
+
+// draPluginDir is where the node's DRA driver keeps its socket and
+// checkpoint (kubelet's plugins/gpu.tessera.dev on a node).
+func (k *kubelet) draPluginDir() string { return filepath.Join(k.dir, "dra") }
+
+// startDRA starts kubelet's DRA manager, with its checkpoint under the
+// node's kubelet directory.
+func (k *kubelet) startDRA(ctx context.Context) error {
+	dir := filepath.Join(k.dir, "dra-state")
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return err
+	}
+	m, err := kubeletdra.NewManager(klog.FromContext(ctx), k.client, dir)
+	if err != nil {
+		return err
+	}
+	getNode := func(ctx context.Context) (*v1.Node, error) {
+		return k.client.CoreV1().Nodes().Get(ctx, k.node, metav1.GetOptions{})
+	}
+	if err := m.Start(ctx, k.GetActivePods, getNode, sourcesNotReady{}); err != nil {
+		return err
+	}
+	k.dra = m
+	return nil
+}
+
+// sourcesNotReady keeps kubelet's DRA manager from unpreparing on its own:
+// the stand-in kubelet unprepares a pod's claims when the pod ends.
+type sourcesNotReady struct{}
+
+func (sourcesNotReady) AddSource(string)           {}
+func (sourcesNotReady) AllReady() bool             { return false }
+func (sourcesNotReady) SeenAllSources(string) bool { return false }
+
+// registerDRA registers the agent's driver socket with kubelet's DRA
+// manager once the agent serves it, as kubelet's plugin watcher does on a
+// node.
+func (k *kubelet) registerDRA(ctx context.Context) {
+	socket := dra.SocketPath(k.draPluginDir())
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		_, err := os.Stat(socket)
+		return err == nil, nil
+	})
+	if err != nil {
+		return // the agent stopped first
+	}
+	if err := k.dra.GetWatcherHandler().RegisterPlugin(ctx, dra.DriverName, socket, []string{drapbv1.DRAPluginService}, nil); err != nil {
+		klog.FromContext(ctx).Error(err, "Registering the DRA driver failed", "socket", socket)
+		return
+	}
+	k.draUp.Store(true)
+}
+
+// deregisterDRA is the driver's socket gone (its agent stopped).
+func (k *kubelet) deregisterDRA() {
+	if k.draUp.Swap(false) {
+		k.dra.GetWatcherHandler().DeRegisterPlugin(k.nodeCtx, dra.DriverName, dra.SocketPath(k.draPluginDir()))
+	}
+}
+
+func (k *kubelet) draRegistered() bool { return k.draUp.Load() }
 
 // start registers the Node and starts kubelet's servers; the pod workers run
 // until ctx ends (or the next restart).
@@ -148,6 +221,11 @@ func (k *kubelet) start(ctx context.Context) error {
 		return err
 	}
 	k.nodeCtx = ctx
+	if k.draNode {
+		if err := k.startDRA(ctx); err != nil {
+			return fmt.Errorf("node %s: kubelet's DRA manager: %w", k.node, err)
+		}
+	}
 	return k.run(ctx)
 }
 
@@ -315,6 +393,10 @@ func (k *kubelet) registerNode(ctx context.Context) error {
 		// agent DaemonSet's nodeSelector.
 		"nvidia.com/gpu.present": "true",
 	}}}
+	if k.draNode {
+		// As an operator marks a node for DRA (docs/operations.md).
+		node.Labels[dra.NodeLabel] = "true"
+	}
 	if _, err := k.client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("register node %s: %w", k.node, err)
 	}
@@ -599,6 +681,22 @@ func (k *kubelet) startPod(ctx context.Context, pod *v1.Pod) error {
 			return err
 		}
 	}
+	if len(pod.Spec.ResourceClaims) > 0 {
+		// Kubelet prepares a pod's claims before its containers start,
+		// and retries when the driver refuses or is away.
+		if k.dra == nil {
+			return k.failAdmission(ctx, pod, fmt.Errorf("node %s serves no DRA driver", k.node))
+		}
+		if err := k.dra.PrepareResources(ctx, pod); err != nil {
+			for i := range pod.Spec.Containers {
+				k.containerError(ctx, pod, pod.Spec.Containers[i].Name, err)
+			}
+			return err
+		}
+		k.mu.Lock()
+		k.draPods[pod.UID] = pod
+		k.mu.Unlock()
+	}
 	plugin, slots, err := k.admit(ctx, pod)
 	if err != nil {
 		return k.failAdmission(ctx, pod, err)
@@ -710,12 +808,19 @@ func (k *kubelet) release(uid types.UID) {
 	delete(k.reacted, uid)
 	delete(k.held, uid)
 	delete(k.running, uid)
+	draPod := k.draPods[uid]
+	delete(k.draPods, uid)
 	if t := k.stopAt[uid]; t != nil {
 		t.Stop()
 		delete(k.stopAt, uid)
 	}
 	k.mu.Unlock()
 	k.load.stop(uid, left)
+	if draPod != nil {
+		if err := k.dra.UnprepareResources(k.nodeCtx, draPod); err != nil {
+			klog.FromContext(k.nodeCtx).Error(err, "Unpreparing the pod's claims failed", "pod", klog.KObj(draPod))
+		}
+	}
 }
 
 // complete ends a run-for pod: its containers exited 0.

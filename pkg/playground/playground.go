@@ -95,6 +95,13 @@ type Options struct {
 	// runs and crash-looping while it is stopped, and the DaemonSet's
 	// status counts them, as kube-state-metrics reads them in a cluster.
 	AgentDaemonSet bool
+	// DRANodes serve their GPUs through the DRA driver gpu.tessera.dev
+	// instead of the device plugin (the last DRANodes nodes, labelled
+	// tessera.dev/dra=true; every agent runs with --dra=node-label): pods
+	// there ask with ResourceClaims of the chart's DeviceClasses (which
+	// Guard creates with the agent's manifest), and their kubelet prepares
+	// them with kubelet's own DRA manager.
+	DRANodes int
 	// DriverKernelLimits simulates a driver whose NVML sets per-cgroup GPU
 	// memory limits (nvmlDeviceSetMemoryLimits_v1, newer than the R580
 	// drivers GPU nodes run). Without it the mock driver refuses them, as
@@ -126,6 +133,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("--gpus-per-node %d: want 1–8 (the mocks are DGX servers)", o.GPUsPerNode)
 	case o.MPSNodes < 0 || o.MPSNodes > o.Nodes:
 		return fmt.Errorf("--mps-nodes %d: want 0–%d", o.MPSNodes, o.Nodes)
+	case o.DRANodes < 0 || o.DRANodes > o.Nodes:
+		return fmt.Errorf("--dra-nodes %d: want 0–%d", o.DRANodes, o.Nodes)
 	case o.SchedulerReplicas < 0 || o.SchedulerReplicas > 3:
 		return fmt.Errorf("scheduler replicas %d: want 0–3", o.SchedulerReplicas)
 	case o.MPSNodes > 0 && len(o.MPSControl) == 0:
@@ -141,6 +150,8 @@ func (o Options) Validate() error {
 type Node struct {
 	Name string
 	MPS  bool
+	// DRA: the node serves its GPUs through the DRA driver (Options.DRANodes).
+	DRA bool
 	// MetricsURL is the agent's Prometheus endpoint.
 	MetricsURL string
 	// NVML is the node's mock driver.
@@ -375,7 +386,7 @@ func (c *Cluster) startNode(ctx context.Context, opts Options, i int, mpsControl
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{Name: name, MPS: i < opts.MPSNodes, NVML: srv, done: make(chan struct{}), TimeSlices: &timeslice.Recorder{}}
+	n := &Node{Name: name, MPS: i < opts.MPSNodes, DRA: i >= opts.Nodes-opts.DRANodes, NVML: srv, done: make(chan struct{}), TimeSlices: &timeslice.Recorder{}}
 	procRoot := filepath.Join(dir, "proc")
 	if n.load, err = newLoad(srv, procRoot, uint32(10_000+1_000_000*i), opts.DriverKernelLimits); err != nil {
 		return nil, err
@@ -394,6 +405,7 @@ func (c *Cluster) startNode(ctx context.Context, opts Options, i int, mpsControl
 		return nil, err
 	}
 	n.kubelet = newKubelet(name, filepath.Join(dir, "kubelet"), noticeRoot, kubeletClient, n.load)
+	n.kubelet.draNode = n.DRA
 	n.kubelet.cgroupRoot = n.CgroupRoot
 	n.kubelet.agentUp = n.agentUp.Load
 	n.PodResourcesSocket, n.CDIDir, n.MPSRoot = n.kubelet.podResourcesSocket(), filepath.Join(dir, "cdi"), filepath.Join(dir, "mps")
@@ -469,6 +481,9 @@ func (c *Cluster) runAgent(nctx context.Context, opts Options, n *Node, mpsContr
 		NoticeRoot: noticeRoot, Kill: n.load.kill, Signal: n.load.signal, TimeSlicer: n.TimeSlices,
 		CgroupRoot: n.CgroupRoot, IsolationEvery: time.Second, Namespace: agentendpoint.Namespace, HeartbeatEvery: time.Second,
 		SpecCollectEvery: 2 * time.Second, RefusedGrace: opts.RefusedGrace, ShimRoot: n.ShimRoot, ShimLibrary: shimLibrary,
+		// The node's kubelet registers the driver's socket with its DRA
+		// manager itself (it runs no plugin watcher).
+		DRA: agent.DRAOptions{Mode: agent.DRANodeLabel, PluginDir: n.kubelet.draPluginDir()},
 	})
 	if err != nil {
 		stopAgent()
@@ -489,6 +504,9 @@ func (c *Cluster) runAgent(nctx context.Context, opts Options, n *Node, mpsContr
 			klog.FromContext(nctx).Error(err, "Agent stopped")
 		}
 	}()
+	if n.DRA {
+		go n.kubelet.registerDRA(actx)
+	}
 	return nil
 }
 
@@ -544,6 +562,9 @@ func (n *Node) DevicePluginServes() bool {
 func (n *Node) StopAgent() {
 	n.stopAgent()
 	<-n.done
+	if n.DRA {
+		n.kubelet.deregisterDRA()
+	}
 	n.agentUp.Store(false)
 	n.kubelet.agentChanged(n.kubelet.nodeCtx)
 }
@@ -587,7 +608,10 @@ func (c *Cluster) waitNodes(ctx context.Context, gpusPerNode int) error {
 				return false, nil
 			}
 			q := node.Status.Allocatable[v1.ResourceName(deviceplugin.ResourceName)]
-			if q.Value() == 0 {
+			if q.Value() == 0 && !n.DRA {
+				return false, nil
+			}
+			if n.DRA && !n.kubelet.draRegistered() {
 				return false, nil
 			}
 		}

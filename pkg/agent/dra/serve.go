@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 
 	"k8s.io/client-go/kubernetes"
@@ -50,6 +51,10 @@ func Serve(ctx context.Context, d *Driver, o ServeOptions) (*Server, error) {
 	}
 	if o.PluginDir == "" {
 		o.PluginDir = DefaultPluginDir
+	}
+	// The helper listens there but does not make it.
+	if err := os.MkdirAll(o.PluginDir, 0o750); err != nil {
+		return nil, fmt.Errorf("DRA driver %s: plugin directory: %w", DriverName, err)
 	}
 	opts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(DriverName),

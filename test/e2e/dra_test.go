@@ -1,0 +1,114 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/tessera-gpu/tessera/pkg/agent/dra"
+	"github.com/tessera-gpu/tessera/pkg/playground"
+	"github.com/tessera-gpu/tessera/pkg/top"
+)
+
+// TestDRANode: a playground with a DRA node beside a device-plugin node.
+// The DRA node's agent publishes its ResourceSlice under its own
+// (node-bound) identity; a pod asking with a ResourceClaim of the chart's
+// DeviceClass is placed there by tessera-scheduler, its claim prepared by
+// kubelet's DRA manager through the agent's driver (CDI spec and libtessera
+// limits with exactly the capacity consumed), `tessera top` shows the
+// claim on its GPU, and the pod's end unprepares it.
+func TestDRANode(t *testing.T) {
+	c, _ := up(t, playground.Options{Nodes: 2, GPUsPerNode: 2, Model: "h100", DRANodes: 1})
+	dn := c.Nodes[1]
+	if !dn.DRA || c.Nodes[0].DRA {
+		t.Fatalf("DRA nodes: %v %v, want the last one only", c.Nodes[0].DRA, dn.DRA)
+	}
+	ctx := context.Background()
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		l, err := c.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		return err == nil && len(l.Items) == 1 && l.Items[0].Spec.NodeName != nil && *l.Items[0].Spec.NodeName == dn.Name &&
+			len(l.Items[0].Spec.Devices) == 2, nil
+	})
+	if err != nil {
+		t.Fatalf("no ResourceSlice of %s's two GPUs: %v", dn.Name, err)
+	}
+
+	const ns = "dra"
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "slice", Namespace: ns},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpu",
+			Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: dra.DriverName, Capacity: &resourceapi.CapacityRequirements{
+				Requests: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("10Gi"), "cores": resource.MustParse("25")}}}}}}}}
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "infer", Namespace: ns},
+		Spec: v1.PodSpec{SchedulerName: "tessera-scheduler", ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim.Name}},
+			Containers: []v1.Container{{Name: "main", Image: "registry.example/infer", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}}}}
+	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	claim, err = c.Client.ResourceV1().ResourceClaims(ns).Create(ctx, claim, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	create(t, c.Client, pod)
+	running := waitRunning(t, c.Client, ns, []string{"infer"}, time.Minute)["infer"]
+	if running.Spec.NodeName != dn.Name {
+		t.Fatalf("the claim's pod runs on %s, want the DRA node %s", running.Spec.NodeName, dn.Name)
+	}
+
+	specPath := dra.SpecPath(dn.CDIDir, claim.UID)
+	b, err := os.ReadFile(specPath)
+	if err != nil {
+		t.Fatalf("the claim's CDI spec: %v", err)
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(b, &spec); err != nil {
+		t.Fatal(err)
+	}
+	env := strings.Join(spec.Devices[0].ContainerEdits.Env, " ") + " "
+	// The playground's mock driver is R580's: libtessera holds the slice.
+	for _, kv := range []string{"TESSERA_GPU_MEMORY_LIMIT_MIB=0=10240 ", "TESSERA_GPU_CORES_PERCENT=0=25 ", "TESSERA_GPU_ISOLATION=0:memory=shim,compute=shim "} {
+		if !strings.Contains(env, kv) {
+			t.Errorf("the claim's spec lacks %s: %s", kv, env)
+		}
+	}
+	limits, err := os.ReadFile(filepath.Join(dn.ShimRoot, "claims", string(claim.UID), "limits"))
+	if err != nil || !strings.Contains(string(limits), " 10737418240 25\n") {
+		t.Errorf("the claim's libtessera limits: %q (%v)", limits, err)
+	}
+
+	snap, err := top.Collect(ctx, c.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, g := range snap.GPUs {
+		for _, tn := range g.Tenants {
+			if tn.Claim == "slice" && g.Node == dn.Name && tn.Pod == "infer" && tn.MemoryMiB == 10240 && tn.CoresPercent == 25 && tn.State == "Running" {
+				found = true
+			}
+		}
+	}
+	if !found {
+		t.Errorf("tessera top does not show the claim on %s: %+v", dn.Name, snap.GPUs)
+	}
+
+	if err := c.Client.CoreV1().Pods(ns).Delete(ctx, "infer", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		_, err := os.Stat(specPath)
+		return os.IsNotExist(err), nil
+	}); err != nil {
+		t.Errorf("the claim's CDI spec stayed after its pod ended: %v", err)
+	}
+}
