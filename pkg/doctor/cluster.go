@@ -16,6 +16,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
@@ -78,6 +80,9 @@ type ClusterFacts struct {
 	// Stalls are per GPU UUID (with its node) the agents' stall ratio.
 	Stalls    []GPUStall
 	AgentsErr error
+	// ResourceSlices are the DRA driver's (gpu.tessera.dev) slices; nil
+	// where the cluster has no resource.k8s.io API.
+	ResourceSlices []resourceapi.ResourceSlice
 }
 
 // GPUStall is one GPU's tessera_gpu_stall_ratio.
@@ -115,6 +120,11 @@ func GatherCluster(ctx context.Context, client kubernetes.Interface, o ClusterOp
 		} else {
 			f.ListErrs = append(f.ListErrs, fmt.Errorf("list leases in %s: %w", ns, err))
 		}
+	}
+	if sl, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.driver=" + gpu.DRADriver}); err == nil {
+		f.ResourceSlices = sl.Items
+	} else if !apierrors.IsNotFound(err) {
+		f.ListErrs = append(f.ListErrs, fmt.Errorf("list resourceslices: %w", err))
 	}
 	f.Policies = map[string]bool{}
 	if ps, err := client.AdmissionregistrationV1().ValidatingAdmissionPolicies().List(ctx, metav1.ListOptions{}); err != nil {
@@ -182,6 +192,7 @@ func ClusterChecks(f ClusterFacts, o ClusterOptions) []Check {
 		pure("version", checkVersion),
 		pure("scheduler", checkScheduler),
 		pure("agents", checkAgents),
+		pure("dra", checkDRA),
 		pure("pending", checkPending),
 		pure("refused", checkRefused),
 		pure("oom", checkOOM),
@@ -364,6 +375,50 @@ func gpuNodes(f ClusterFacts) []v1.Node {
 	for _, n := range f.Nodes {
 		if _, ok := n.Annotations[gpu.AnnotationInventory]; ok || n.Labels["nvidia.com/gpu.present"] == "true" {
 			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// checkDRA looks at the nodes that serve their GPUs through the DRA
+// driver: each has its ResourceSlice with every GPU, and a node labelled
+// for DRA serves it.
+func checkDRA(f ClusterFacts, o ClusterOptions) []Finding {
+	devices := map[string]int{} // node → devices published
+	published := map[string]bool{}
+	for _, s := range f.ResourceSlices {
+		if s.Spec.Driver == gpu.DRADriver && s.Spec.NodeName != nil {
+			devices[*s.Spec.NodeName] += len(s.Spec.Devices)
+			published[*s.Spec.NodeName] = true
+		}
+	}
+	var out []Finding
+	for _, n := range gpuNodes(f) {
+		inv, err := inventory.FromNode(&n)
+		if err != nil || inv == nil {
+			continue // agents.inventory says why
+		}
+		labelled := n.Labels["tessera.dev/dra"] == "true"
+		switch {
+		case labelled && !inv.DRA:
+			out = append(out, Finding{ID: "dra.node", Severity: Warning, Subject: n.Name,
+				Summary:  "the node is labelled tessera.dev/dra=true but its agent serves the device plugin: claims cannot be placed there",
+				Evidence: "the inventory does not say dra; the agent reads the label when it starts",
+				Remedy: "Restart the node's agent (kubectl -n " + o.Namespace + " delete pod -l " + agentendpoint.Selector + " --field-selector spec.nodeName=" + n.Name +
+					"); if it stays, the chart's agent.dra is never."})
+		case !inv.DRA:
+		case !published[n.Name]:
+			out = append(out, Finding{ID: "dra.slice", Severity: Error, Subject: n.Name,
+				Summary:  "the node serves its GPUs through DRA but publishes no gpu.tessera.dev ResourceSlice: no claim can be placed there, and no tessera.dev/gpu pod either",
+				Evidence: fmt.Sprintf("%d GPU(s) in the inventory, no ResourceSlice with spec.nodeName=%s", len(inv.GPUs), n.Name),
+				Remedy:   "Read the agent's log on the node (the DRA driver's start, its RBAC on resourceslices); kubectl get resourceslices --field-selector spec.nodeName=" + n.Name + "."})
+		case devices[n.Name] != len(inv.GPUs):
+			out = append(out, Finding{ID: "dra.slice", Severity: Warning, Subject: n.Name,
+				Summary:  fmt.Sprintf("the node's ResourceSlice lists %d device(s), its inventory %d GPU(s)", devices[n.Name], len(inv.GPUs)),
+				Evidence: "the agent republishes both on every change; a difference that stays means its publishing fails",
+				Remedy:   "Read the agent's log on the node for 'Publishing the node's ResourceSlice failed'."})
+		default:
+			out = append(out, pass("dra.slice", n.Name, fmt.Sprintf("serves %d GPU(s) through DRA", len(inv.GPUs)), "ResourceSlice of "+gpu.DRADriver+" published"))
 		}
 	}
 	return out

@@ -13,6 +13,7 @@ import (
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -43,6 +44,31 @@ func gpuNode(t *testing.T, name string) *v1.Node {
 		t.Fatal(err)
 	}
 	return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{gpu.AnnotationInventory: string(raw)}}}
+}
+
+// draNode is gpuNode labelled for DRA, and its inventory saying DRA when
+// serving.
+func draNode(t *testing.T, name string, labelled, serving bool) *v1.Node {
+	t.Helper()
+	raw, err := gpu.EncodeInventory(&gpu.NodeInventory{Node: name, DRA: serving,
+		GPUs: []gpu.Device{{Index: 0, UUID: "GPU-" + name, Model: "H100", MemoryMiB: 81920, Healthy: true, Slices: 8}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{gpu.AnnotationInventory: string(raw)}}}
+	if labelled {
+		n.Labels = map[string]string{"tessera.dev/dra": "true"}
+	}
+	return n
+}
+
+func draSlice(node string, devices int) *resourceapi.ResourceSlice {
+	s := &resourceapi.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: node + "-gpu.tessera.dev"},
+		Spec: resourceapi.ResourceSliceSpec{Driver: gpu.DRADriver, NodeName: &node, Pool: resourceapi.ResourcePool{Name: node, ResourceSliceCount: 1}}}
+	for i := range devices {
+		s.Spec.Devices = append(s.Spec.Devices, resourceapi.Device{Name: gpu.DRADeviceName(i)})
+	}
+	return s
 }
 
 func gpuPodOn(t *testing.T, name, node string, memMiB int64) *v1.Pod {
@@ -234,6 +260,22 @@ scheduler_scheduling_attempt_duration_seconds_count{result="scheduled"} 100
 			id: "oom.gpu-containers", sev: Warning, want: []string{"ml/serve/main", "16384 MiB slice", "held by kernel", "too small"}},
 		{name: "stalled GPU", objs: healthy, opts: func(o *ClusterOptions) { o.AgentMetrics = []string{stallServer.URL} },
 			id: "stall.gpu", sev: Warning, want: []string{"n1 GPU-n1", "stalled 40% of its busy samples", "longer time slice"}},
+		{name: "a DRA node without its ResourceSlice",
+			objs: func(t *testing.T) []runtime.Object { return append(healthy(t)[1:], draNode(t, "n1", true, true)) },
+			id:   "dra.slice", sev: Error, want: []string{"n1", "publishes no gpu.tessera.dev ResourceSlice", "spec.nodeName=n1", "kubectl get resourceslices"}},
+		{name: "a DRA node with its ResourceSlice",
+			objs: func(t *testing.T) []runtime.Object {
+				return append(healthy(t)[1:], draNode(t, "n1", true, true), draSlice("n1", 1))
+			},
+			id: "dra.slice", sev: OK, want: []string{"n1", "serves 1 GPU(s) through DRA"}},
+		{name: "a DRA node's slice short of a GPU",
+			objs: func(t *testing.T) []runtime.Object {
+				return append(healthy(t)[1:], draNode(t, "n1", true, true), draSlice("n1", 0))
+			},
+			id: "dra.slice", sev: Warning, want: []string{"lists 0 device(s), its inventory 1 GPU(s)"}},
+		{name: "a node labelled for DRA whose agent serves the plugin",
+			objs: func(t *testing.T) []runtime.Object { return append(healthy(t)[1:], draNode(t, "n1", true, false)) },
+			id:   "dra.node", sev: Warning, want: []string{"labelled tessera.dev/dra=true but its agent serves the device plugin", "agent.dra is never"}},
 		{name: "admission policies missing or unbound",
 			objs: func(t *testing.T) []runtime.Object {
 				objs := healthy(t)[:5]
