@@ -7,9 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
@@ -69,6 +71,11 @@ type Config struct {
 	// MemoryOversubscription is the allocator's: Σ memory of a GPU's
 	// tenants ≤ its memory × this (1 when zero).
 	MemoryOversubscription float64
+	// Pods, when set, returns a pod of this node by namespace and name
+	// (the agent's informer): a claim is prepared only for pods it is
+	// reserved for that the agent knows and that cannot leave their slice
+	// (EscapesSlice).
+	Pods func(namespace, name string) *v1.Pod
 	// Booked, when set, gives the assignments of this node's pods placed
 	// through the device plugin that still hold GPUs: a claim is checked
 	// against them and the claims prepared before it.
@@ -182,6 +189,9 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 	if prev, ok := d.claims[c.UID]; ok && prev.State == statePrepared && slices.Equal(prev.Devices, mine) {
 		return answer(prev), nil // kubelet asks again (a restart): same answer
 	}
+	if err := d.podsKeepTheirSlice(c); err != nil {
+		return nil, err
+	}
 	assignment, err := d.assignment(c.Name, mine)
 	if err != nil {
 		return nil, err
@@ -277,6 +287,31 @@ func (d *Driver) assignment(claim string, devices []allocatedDevice) (gpu.Contai
 		a.GPUs = append(a.GPUs, grant)
 	}
 	return a, nil
+}
+
+// ErrLeavesSlice says a pod a claim is reserved for could leave the slice
+// the claim gives it (privileged, host namespaces, the GPUs' variables, a
+// guarded host path): the claim is not prepared, so the pod does not start.
+var ErrLeavesSlice = errors.New("a pod the claim is reserved for could leave its GPU slice")
+
+// podsKeepTheirSlice checks every pod the claim is reserved for.
+func (d *Driver) podsKeepTheirSlice(c *resourceapi.ResourceClaim) error {
+	if d.cfg.Pods == nil {
+		return nil
+	}
+	for _, r := range c.Status.ReservedFor {
+		if r.APIGroup != "" || r.Resource != "pods" {
+			continue
+		}
+		p := d.cfg.Pods(c.Namespace, r.Name)
+		if p == nil || p.UID != r.UID {
+			return fmt.Errorf("pod %s/%s, which the claim is reserved for, is not known to this node's agent yet; kubelet retries", c.Namespace, r.Name)
+		}
+		if why := EscapesSlice(p); len(why) > 0 {
+			return fmt.Errorf("%w: pod %s/%s: %s; remove them (the same rules as the admission policy tessera-gpu-pod-limits)", ErrLeavesSlice, c.Namespace, r.Name, strings.Join(why, "; "))
+		}
+	}
+	return nil
 }
 
 // ErrOvercommitted says a claim's allocation, counted with the claims

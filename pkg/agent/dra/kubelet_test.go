@@ -60,6 +60,8 @@ type node struct {
 	plugin   string
 	shimRoot string
 	claims   []*resourceapi.ResourceClaim // allocated so far
+	podsMu   sync.Mutex
+	pods     map[string]*v1.Pod // the agent's view of the node's pods
 }
 
 type neverReady struct{}
@@ -88,9 +90,14 @@ func startNode(t *testing.T) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &node{t: t, ctx: ctx, client: client, inv: &staticInventory{inv: testInventory()}, plugin: plugin, shimRoot: shimRoot}
+	n := &node{t: t, ctx: ctx, client: client, inv: &staticInventory{inv: testInventory()}, plugin: plugin, shimRoot: shimRoot, pods: map[string]*v1.Pod{}}
 	n.cfg = Config{Node: "node-a", CDIDir: t.TempDir(), StateDir: plugin, Inventory: n.inv, Shim: sd,
-		PipeDir: func(uuid string) string { return "/run/tessera/mps/" + uuid + "/pipe" }}
+		PipeDir: func(uuid string) string { return "/run/tessera/mps/" + uuid + "/pipe" },
+		Pods: func(ns, name string) *v1.Pod {
+			n.podsMu.Lock()
+			defer n.podsMu.Unlock()
+			return n.pods[ns+"/"+name]
+		}}
 	n.startDriver()
 	if err := n.server.Publish(ctx, n.inv.Published(), nil); err != nil {
 		t.Fatal(err)
@@ -251,6 +258,9 @@ func (n *node) pod(c *resourceapi.ResourceClaim) *v1.Pod {
 	if _, err := n.client.ResourceV1().ResourceClaims("default").Create(n.ctx, c, metav1.CreateOptions{}); err != nil {
 		n.t.Fatal(err)
 	}
+	n.podsMu.Lock()
+	n.pods[p.Namespace+"/"+p.Name] = p
+	n.podsMu.Unlock()
 	return p
 }
 
@@ -615,5 +625,30 @@ func TestHealthReports(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("WatchHealthStatus: %v", err)
+	}
+}
+
+// TestPodThatWouldLeaveItsSlice: a claim reserved for a privileged pod is
+// not prepared (admission cannot see which driver a claim names; the node
+// can), and kubelet says why; nor is one for a pod the agent does not know.
+func TestPodThatWouldLeaveItsSlice(t *testing.T) {
+	n := startNode(t)
+	c := n.claim("escape", map[resourceapi.QualifiedName]string{"memory": "2Gi", "cores": "10"})
+	p := n.pod(c)
+	p.Spec.Containers[0].SecurityContext = &v1.SecurityContext{Privileged: ptr.To(true)}
+	err := n.manager.PrepareResources(n.ctx, p)
+	if err == nil || !strings.Contains(err.Error(), "could leave its GPU slice") || !strings.Contains(err.Error(), "container main is privileged") {
+		t.Fatalf("a privileged pod's claim: %v; want it refused naming why", err)
+	}
+	if _, err := os.Stat(SpecPath(n.cfg.CDIDir, c.UID)); !os.IsNotExist(err) {
+		t.Errorf("a spec was written: %v", err)
+	}
+	unknown := n.claim("unknown", map[resourceapi.QualifiedName]string{"memory": "2Gi", "cores": "10"})
+	q := n.pod(unknown)
+	n.podsMu.Lock()
+	delete(n.pods, q.Namespace+"/"+q.Name)
+	n.podsMu.Unlock()
+	if err := n.manager.PrepareResources(n.ctx, q); err == nil || !strings.Contains(err.Error(), "not known to this node's agent yet") {
+		t.Fatalf("a pod the agent does not know: %v", err)
 	}
 }
