@@ -509,14 +509,16 @@ type gpuTenancy struct {
 	inference bool
 }
 
-// tenancy walks this node's pods once, decoding each assignment: the slice
-// counts and the time-slice classes both come from it.
+// tenancy walks this node's pods once, decoding each assignment, and a DRA
+// node's prepared claims: the slice counts and the time-slice classes both
+// come from it.
 func (a *Agent) tenancy() map[string]gpuTenancy {
 	out := map[string]gpuTenancy{}
-	if a.opts.NodePods == nil {
-		return out
+	var pods []*v1.Pod
+	if a.opts.NodePods != nil {
+		pods = a.opts.NodePods()
 	}
-	for _, p := range a.opts.NodePods() {
+	for _, p := range pods {
 		asg, err := podgpu.BoundAssignment(p)
 		if err != nil || asg == nil || asg.Node != a.opts.Node {
 			continue
@@ -528,6 +530,17 @@ func (a *Agent) tenancy() map[string]gpuTenancy {
 				t := out[g.UUID]
 				t.containers++
 				t.inference = t.inference || (!finished && w == gpu.WorkloadInference)
+				out[g.UUID] = t
+			}
+		}
+	}
+	// A DRA node's claims hold slices too (one each, however many
+	// containers share it).
+	if a.draDriver != nil && a.servingDRA.Load() {
+		for _, c := range a.draDriver.Assignments() {
+			for _, g := range c.GPUs {
+				t := out[g.UUID]
+				t.containers++
 				out[g.UUID] = t
 			}
 		}

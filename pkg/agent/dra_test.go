@@ -11,6 +11,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
@@ -101,6 +102,18 @@ func TestDRANodeServesGPUsAsDevices(t *testing.T) {
 	// pod here.
 	if inv := published(t, client); !inv.DRA || len(inv.GPUs) != 8 {
 		t.Errorf("the DRA node's inventory: DRA %v, %d GPUs", inv.DRA, len(inv.GPUs))
+	}
+	// A prepared claim holds a slice of its GPU, as the metrics count it.
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "ns", UID: "claim-uid"},
+		Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{
+			Results: []resourceapi.DeviceRequestAllocationResult{{Request: "gpu", Driver: dra.DriverName, Pool: "n1", Device: "gpu-1",
+				ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("10Gi"), "cores": resource.MustParse("25")}}}}}}}
+	res, err := a.draDriver.PrepareResourceClaims(context.Background(), []*resourceapi.ResourceClaim{claim})
+	if err != nil || res[claim.UID].Err != nil {
+		t.Fatalf("prepare: %v %v", err, res[claim.UID].Err)
+	}
+	if got := a.slices()[a.devices[1].UUID].Allocated; got != 1 {
+		t.Errorf("GPU 1 with a prepared claim: %d slices allocated, want 1", got)
 	}
 	t0 := time.Now()
 	uuid := a.devices[3].UUID

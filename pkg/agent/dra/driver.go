@@ -135,6 +135,24 @@ func (d *Driver) Prepared() []types.UID {
 	return out
 }
 
+// Assignments returns, per prepared claim, its assignment on this node's
+// GPUs (one container's: every container given the claim shares it), for
+// the agent's slice counts.
+func (d *Driver) Assignments() []gpu.ContainerAssignment {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []gpu.ContainerAssignment
+	for _, rec := range d.claims {
+		if rec.State != statePrepared {
+			continue
+		}
+		if a, err := d.assignment(rec.Name, rec.Devices); err == nil {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
 // PrepareResourceClaims prepares each claim on its own: one claim's
 // failure is its own answer, never another's.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
