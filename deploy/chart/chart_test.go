@@ -103,7 +103,7 @@ func TestRenderDefault(t *testing.T) {
 		"Service/tessera-scheduler-metrics", "PodDisruptionBudget/tessera-scheduler",
 		"ClusterRoleBinding/tessera-scheduler-as-kube-scheduler", "ClusterRoleBinding/tessera-scheduler-as-volume-scheduler",
 		"DaemonSet/tessera-agent", "ServiceAccount/tessera-agent", "Service/tessera-agent-metrics",
-		"DeviceClass/gpu.tessera.dev", "DeviceClass/mps.gpu.tessera.dev", "DeviceClass/time-sliced.gpu.tessera.dev",
+		"DeviceClass/gpu.tessera.dev", "DeviceClass/whole.gpu.tessera.dev", "DeviceClass/mps.gpu.tessera.dev", "DeviceClass/time-sliced.gpu.tessera.dev",
 		"PriorityClass/gpu-critical", "PriorityClass/gpu-standard", "PriorityClass/gpu-batch",
 		"ValidatingAdmissionPolicy/tessera-scheduler-annotations", "ValidatingAdmissionPolicyBinding/tessera-gpu-pod-limits",
 		"PrometheusRule/tessera", "ServiceMonitor/tessera-agent", "ServiceMonitor/tessera-scheduler",

@@ -90,10 +90,10 @@ func TestShippedAgentManifest(t *testing.T) {
 	}
 	// Namespace, ServiceAccount, ClusterRole, ClusterRoleBinding, the
 	// heartbeat Role and RoleBinding, the metrics Service, the DaemonSet
-	// and the DRA driver's three DeviceClasses (their CEL compiled by the
+	// and the DRA driver's four DeviceClasses (their CEL compiled by the
 	// API server).
-	if created != 11 {
-		t.Fatalf("created %d objects, want 11", created)
+	if created != 12 {
+		t.Fatalf("created %d objects, want 12", created)
 	}
 }
 

@@ -197,6 +197,14 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 			return nil, fmt.Errorf("device %s/%s: %w", r.Pool, r.Device, ErrCapacityMissing)
 		}
 		a.MemoryMiB, a.Cores = (mem.Value()+1<<20-1)>>20, cores.Value()
+		cfg, err := configFor(c.Status.Allocation, r.Request)
+		if err != nil {
+			return nil, err
+		}
+		if cfg.Whole && a.Cores < 100 {
+			return nil, fmt.Errorf("request %s's class asks for whole GPUs, but it consumed %d %% of %s's cores: ask no capacity in this class, or use %s for a slice",
+				r.Request, a.Cores, r.Device, DriverName)
+		}
 		mine = append(mine, a)
 	}
 	if len(mine) == 0 {

@@ -16,6 +16,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -29,6 +30,7 @@ import (
 	"k8s.io/utils/ptr"
 	"tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/pkg/agent/shim"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 )
@@ -183,8 +185,30 @@ func (c classes) Get(name string) (*resourceapi.DeviceClass, error) {
 	return nil, fmt.Errorf("no DeviceClass %s", name)
 }
 
-var gpuClass = classes{{ObjectMeta: metav1.ObjectMeta{Name: "tessera-gpu"}, Spec: resourceapi.DeviceClassSpec{
-	Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "gpu.tessera.dev"`}}}}}}
+var gpuClass = append(classes{{ObjectMeta: metav1.ObjectMeta{Name: "tessera-gpu"}, Spec: resourceapi.DeviceClassSpec{
+	Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: `device.driver == "gpu.tessera.dev"`}}}}}},
+	shippedClasses()...)
+
+// shippedClasses are the chart's DeviceClasses, as the plain agent
+// manifest has them.
+func shippedClasses() classes {
+	objs, err := deploy.Objects(deploy.Agent)
+	if err != nil {
+		panic(err)
+	}
+	var out classes
+	for _, u := range objs {
+		if u.GetKind() != "DeviceClass" {
+			continue
+		}
+		var dc resourceapi.DeviceClass
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &dc); err != nil {
+			panic(err)
+		}
+		out = append(out, &dc)
+	}
+	return out
+}
 
 // allocated is the state upstream's scheduler gathers from allocated
 // claims: shared device IDs and the capacity they consumed.
@@ -210,8 +234,13 @@ func allocated(claims []*resourceapi.ResourceClaim) structured.AllocatedState {
 // against the published slices, as kube-scheduler's DynamicResources
 // would; nil when nothing fits.
 func (n *node) claim(name string, capacity map[resourceapi.QualifiedName]string, selectors ...string) *resourceapi.ResourceClaim {
+	return n.claimOf("tessera-gpu", name, capacity, selectors...)
+}
+
+// claimOf is claim of a given DeviceClass.
+func (n *node) claimOf(class, name string, capacity map[resourceapi.QualifiedName]string, selectors ...string) *resourceapi.ResourceClaim {
 	n.t.Helper()
-	req := &resourceapi.ExactDeviceRequest{DeviceClassName: "tessera-gpu", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}
+	req := &resourceapi.ExactDeviceRequest{DeviceClassName: class, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}
 	if capacity != nil {
 		req.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{}}
 		for k, v := range capacity {
@@ -650,5 +679,44 @@ func TestPodThatWouldLeaveItsSlice(t *testing.T) {
 	n.podsMu.Unlock()
 	if err := n.manager.PrepareResources(n.ctx, q); err == nil || !strings.Contains(err.Error(), "not known to this node's agent yet") {
 		t.Fatalf("a pod the agent does not know: %v", err)
+	}
+}
+
+// TestWholeClass: the shipped whole.gpu.tessera.dev class carries the
+// driver's configuration; a claim of it that asks no capacity gets a
+// whole GPU, one that asks a slice is refused when prepared, and a
+// configuration the driver does not know is refused too.
+func TestWholeClass(t *testing.T) {
+	n := startNode(t)
+	on1 := `device.attributes["gpu.tessera.dev"].index == 1`
+	whole := n.claimOf("whole.gpu.tessera.dev", "whole", nil, on1)
+	if whole == nil || len(whole.Status.Allocation.Devices.Config) != 1 {
+		t.Fatalf("the whole class's claim: %+v; want it allocated with the class's configuration", whole)
+	}
+	p := n.pod(whole)
+	if err := n.manager.PrepareResources(n.ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if _, edits := n.prepared(p); envOf(edits)["TESSERA_GPU_ISOLATION"] != "0:memory=device,compute=device" {
+		t.Errorf("the whole claim's edits: %v", edits.Env)
+	}
+	if err := n.manager.UnprepareResources(n.ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	n.release(whole)
+
+	slice := n.claimOf("whole.gpu.tessera.dev", "slice", map[resourceapi.QualifiedName]string{"memory": "8Gi", "cores": "25"}, on1)
+	err := n.manager.PrepareResources(n.ctx, n.pod(slice))
+	if err == nil || !strings.Contains(err.Error(), "class asks for whole GPUs, but it consumed 25 % of gpu-1's cores") {
+		t.Fatalf("a slice in the whole class: %v; want it refused", err)
+	}
+	n.release(slice)
+
+	odd := n.claim("odd", map[resourceapi.QualifiedName]string{"memory": "8Gi", "cores": "25"}, on1)
+	odd.Status.Allocation.Devices.Config = []resourceapi.DeviceAllocationConfiguration{{Source: resourceapi.AllocationConfigSourceClaim,
+		DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: DriverName,
+			Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion":"gpu.tessera.dev/v1alpha1","kind":"GPUConfig","exclusive":true}`)}}}}}
+	if err := n.manager.PrepareResources(n.ctx, n.pod(odd)); err == nil || !strings.Contains(err.Error(), `unknown field "exclusive"`) {
+		t.Fatalf("an unknown configuration field: %v; want it refused", err)
 	}
 }
