@@ -128,7 +128,8 @@ func TestChartArgsAreTheAgents(t *testing.T) {
 	local := []string{"--node", "n1", "--kubeconfig", kc, "--metrics-addr", "127.0.0.1:0", "--cgroup-root=", "--driver-root=",
 		"--device-plugin-dir", dir, "--pod-resources-socket", filepath.Join(dir, "pr.sock"), "--cdi-dir", filepath.Join(dir, "cdi"),
 		"--mps-root", filepath.Join(dir, "mps"), "--preemption-dir", filepath.Join(dir, "preemption"), "--host-root=",
-		"--shim-dir", filepath.Join(dir, "shim"), "--shim-library", lib}
+		"--shim-dir", filepath.Join(dir, "shim"), "--shim-library", lib,
+		"--dra-plugin-dir", filepath.Join(dir, "dra"), "--plugin-registry-dir", filepath.Join(dir, "plugins_registry")}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	var errOut bytes.Buffer
