@@ -872,7 +872,21 @@ func (a *Agent) servesDRA(ctx context.Context) (bool, error) {
 		if err != nil {
 			return false, fmt.Errorf("reading node %s's %s label (--dra=node-label): %w", a.opts.Node, dra.NodeLabel, err)
 		}
-		return n.Labels[dra.NodeLabel] == "true", nil
+		if n.Labels[dra.NodeLabel] == "true" {
+			return true, nil
+		}
+		// Moved back while claims are still prepared here: the device
+		// plugin would leave kubelet no driver to unprepare them with.
+		if a.draDriver != nil {
+			if held := a.draDriver.Prepared(); len(held) > 0 {
+				klog.FromContext(ctx).Info("The node is no longer labelled for DRA, but claims are still prepared here: serving DRA until they end; restart the agent then",
+					"label", dra.NodeLabel, "claims", len(held))
+				a.event(ctx, v1.EventTypeWarning, "DRAClaimsStillPrepared", fmt.Sprintf(
+					"node no longer labelled %s=true, but %d gpu.tessera.dev claim(s) are still prepared here: the agent serves DRA until they end; restart it then to serve the device plugin", dra.NodeLabel, len(held)))
+				return true, nil
+			}
+		}
+		return false, nil
 	}
 	return false, nil
 }

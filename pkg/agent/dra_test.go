@@ -3,6 +3,8 @@ package agent
 import (
 	"context"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,6 +28,12 @@ import (
 // draAgent runs an agent with --dra=node-label on a DGX H100 mock, its
 // node labelled as given, until the test ends.
 func draAgent(t *testing.T, labelled bool, podsOn ...func(*server.Server) *v1.Pod) (*fake.Clientset, *Agent, string) {
+	return draAgentWith(t, labelled, "", podsOn...)
+}
+
+// draAgentWith is draAgent with a checkpoint of prepared claims already in
+// the plugin directory (as a previous agent left it), when not empty.
+func draAgentWith(t *testing.T, labelled bool, checkpoint string, podsOn ...func(*server.Server) *v1.Pod) (*fake.Clientset, *Agent, string) {
 	t.Helper()
 	srv := dgxh100.New()
 	var pods []*v1.Pod
@@ -48,6 +56,11 @@ func draAgent(t *testing.T, labelled bool, podsOn ...func(*server.Server) *v1.Po
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(plugins) })
+	if checkpoint != "" {
+		if err := os.WriteFile(filepath.Join(plugins, "claims.json"), []byte(checkpoint), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	a, err := New(Options{Node: "n1", Config: config.Default(), Client: client, NVML: srv, CDIDir: t.TempDir(),
 		DRA: DRAOptions{Mode: DRANodeLabel, PluginDir: plugins}, NodePods: func() []*v1.Pod { return pods }})
 	if err != nil {
@@ -179,6 +192,33 @@ func TestMovedNodeKeepsItsPods(t *testing.T) {
 	}
 	if mem := devs[2].Capacity[dra.CapacityMemory]; mem.Value.String() != "120Gi" {
 		t.Errorf("GPU 2, untouched: memory %s", mem.Value.String())
+	}
+}
+
+// TestMovedBackWithClaims: a node whose label was removed while claims are
+// still prepared there keeps serving DRA (kubelet must be able to
+// unprepare them), and says so.
+func TestMovedBackWithClaims(t *testing.T) {
+	checkpoint := `{"version": 1, "claims": {"claim-uid": {"namespace": "ns", "name": "c", "state": "prepared",
+		"devices": [{"request": "gpu", "pool": "n1", "device": "gpu-0", "memoryMiB": 1024, "cores": 10}], "cdiDevice": "tessera.dev/claim=claim-uid"}}}`
+	client, _, plugins := draAgentWith(t, false, checkpoint)
+	sliceDevices(t, client, func(d []resourceapi.Device) bool { return len(d) == 8 })
+	if _, err := os.Stat(dra.SocketPath(plugins)); err != nil {
+		t.Errorf("the driver's socket: %v", err)
+	}
+	if err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		evs, err := client.CoreV1().Events(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, e := range evs.Items {
+			if e.Reason == "DRAClaimsStillPrepared" && strings.Contains(e.Message, "1 gpu.tessera.dev claim(s) are still prepared here") {
+				return true, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		t.Error("no DRAClaimsStillPrepared event on the node")
 	}
 }
 
