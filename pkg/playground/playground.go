@@ -98,7 +98,8 @@ type Options struct {
 	// DRANodes serve their GPUs through the DRA driver gpu.tessera.dev
 	// instead of the device plugin (the last DRANodes nodes, labelled
 	// tessera.dev/dra=true; every agent runs with --dra=node-label): pods
-	// there ask with ResourceClaims of the chart's DeviceClasses (which
+	// there ask with ResourceClaims (or templates: kube-controller-manager's
+	// ResourceClaim controller runs) of the chart's DeviceClasses (which
 	// Guard creates with the agent's manifest), and their kubelet prepares
 	// them with kubelet's own DRA manager.
 	DRANodes int
@@ -244,6 +245,8 @@ type Cluster struct {
 	reclaimTimeout time.Duration
 	// stopDaemonSets stops the DaemonSet controller (Options.AgentDaemonSet).
 	stopDaemonSets context.CancelFunc
+	// stopClaims stops the ResourceClaim controller (Options.DRANodes).
+	stopClaims context.CancelFunc
 }
 
 // Up starts a playground and returns when every node serves its GPUs: its
@@ -289,6 +292,11 @@ func Up(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	}
 	if err := c.startScheduler(ctx, opts.SchedulerReplicas); err != nil {
 		return nil, err
+	}
+	if opts.DRANodes > 0 {
+		if err := c.runClaimController(ctx); err != nil {
+			return nil, err
+		}
 	}
 	var mpsControl string
 	if opts.MPSNodes > 0 {
@@ -627,6 +635,9 @@ func (c *Cluster) Down() {
 		logger := klog.Background()
 		if c.stopDaemonSets != nil {
 			c.stopDaemonSets()
+		}
+		if c.stopClaims != nil {
+			c.stopClaims()
 		}
 		for _, n := range c.Nodes {
 			n.load.hang(false) // an agent held in NVML could not stop

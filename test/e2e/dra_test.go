@@ -11,6 +11,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -27,7 +28,10 @@ import (
 // DeviceClass is placed there by tessera-scheduler, its claim prepared by
 // kubelet's DRA manager through the agent's driver (CDI spec and libtessera
 // limits with exactly the capacity consumed), `tessera top` shows the
-// claim on its GPU, and the pod's end unprepares it.
+// claim on its GPU, and the pod's end unprepares it and (through
+// kube-controller-manager's ResourceClaim controller) deallocates it; a
+// pod asking through a ResourceClaimTemplate, as the user guide shows,
+// runs with the claim the controller made for it.
 func TestDRANode(t *testing.T) {
 	c, _ := up(t, playground.Options{Nodes: 2, GPUsPerNode: 2, Model: "h100", DRANodes: 1})
 	dn := c.Nodes[1]
@@ -110,5 +114,43 @@ func TestDRANode(t *testing.T) {
 		return os.IsNotExist(err), nil
 	}); err != nil {
 		t.Errorf("the claim's CDI spec stayed after its pod ended: %v", err)
+	}
+	// kube-controller-manager's ResourceClaim controller (the playground
+	// runs it) deallocates the claim once no pod holds it: the GPU's
+	// capacity comes back.
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		got, err := c.Client.ResourceV1().ResourceClaims(ns).Get(ctx, claim.Name, metav1.GetOptions{})
+		return err == nil && got.Status.Allocation == nil && len(got.Status.ReservedFor) == 0, nil
+	}); err != nil {
+		t.Errorf("the claim stayed allocated after its pod ended: %v", err)
+	}
+
+	// The user guide's form: a ResourceClaimTemplate, one claim per pod,
+	// made by the controller and deleted with its pod.
+	tmpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: "gpu-slice", Namespace: ns},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: claim.Spec}}
+	if _, err := c.Client.ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tmplName := tmpl.Name
+	fromTemplate := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "templated", Namespace: ns},
+		Spec: v1.PodSpec{SchedulerName: "tessera-scheduler", ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &tmplName}},
+			Containers: []v1.Container{{Name: "main", Image: "registry.example/infer", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}}}}
+	create(t, c.Client, fromTemplate)
+	templated := waitRunning(t, c.Client, ns, []string{"templated"}, time.Minute)["templated"]
+	if len(templated.Status.ResourceClaimStatuses) != 1 || templated.Status.ResourceClaimStatuses[0].ResourceClaimName == nil {
+		t.Fatalf("the templated pod's claim: %+v", templated.Status.ResourceClaimStatuses)
+	}
+	generated := *templated.Status.ResourceClaimStatuses[0].ResourceClaimName
+	if err := c.Client.CoreV1().Pods(ns).Delete(ctx, "templated", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Deallocated by the controller; the garbage collector, which deletes
+	// it with its owner pod in a cluster, does not run in the playground.
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		got, err := c.Client.ResourceV1().ResourceClaims(ns).Get(ctx, generated, metav1.GetOptions{})
+		return apierrors.IsNotFound(err) || (err == nil && got.Status.Allocation == nil), nil
+	}); err != nil {
+		t.Errorf("the templated pod's claim %s stayed allocated after the pod: %v", generated, err)
 	}
 }
