@@ -28,12 +28,12 @@ import (
 // draAgent runs an agent with --dra=node-label on a DGX H100 mock, its
 // node labelled as given, until the test ends.
 func draAgent(t *testing.T, labelled bool, podsOn ...func(*server.Server) *v1.Pod) (*fake.Clientset, *Agent, string) {
-	return draAgentWith(t, labelled, "", podsOn...)
+	return draAgentWith(t, DRANodeLabel, labelled, "", podsOn...)
 }
 
 // draAgentWith is draAgent with a checkpoint of prepared claims already in
 // the plugin directory (as a previous agent left it), when not empty.
-func draAgentWith(t *testing.T, labelled bool, checkpoint string, podsOn ...func(*server.Server) *v1.Pod) (*fake.Clientset, *Agent, string) {
+func draAgentWith(t *testing.T, mode DRAMode, labelled bool, checkpoint string, podsOn ...func(*server.Server) *v1.Pod) (*fake.Clientset, *Agent, string) {
 	t.Helper()
 	srv := dgxh100.New()
 	var pods []*v1.Pod
@@ -62,7 +62,7 @@ func draAgentWith(t *testing.T, labelled bool, checkpoint string, podsOn ...func
 		}
 	}
 	a, err := New(Options{Node: "n1", Config: config.Default(), Client: client, NVML: srv, CDIDir: t.TempDir(),
-		DRA: DRAOptions{Mode: DRANodeLabel, PluginDir: plugins}, NodePods: func() []*v1.Pod { return pods }})
+		DRA: DRAOptions{Mode: mode, PluginDir: plugins}, NodePods: func() []*v1.Pod { return pods }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +201,7 @@ func TestMovedNodeKeepsItsPods(t *testing.T) {
 func TestMovedBackWithClaims(t *testing.T) {
 	checkpoint := `{"version": 1, "claims": {"claim-uid": {"namespace": "ns", "name": "c", "state": "prepared",
 		"devices": [{"request": "gpu", "pool": "n1", "device": "gpu-0", "memoryMiB": 1024, "cores": 10}], "cdiDevice": "tessera.dev/claim=claim-uid"}}}`
-	client, _, plugins := draAgentWith(t, false, checkpoint)
+	client, _, plugins := draAgentWith(t, DRANodeLabel, false, checkpoint)
 	sliceDevices(t, client, func(d []resourceapi.Device) bool { return len(d) == 8 })
 	if _, err := os.Stat(dra.SocketPath(plugins)); err != nil {
 		t.Errorf("the driver's socket: %v", err)
@@ -219,6 +219,31 @@ func TestMovedBackWithClaims(t *testing.T) {
 		return false, nil
 	}); err != nil {
 		t.Error("no DRAClaimsStillPrepared event on the node")
+	}
+}
+
+// TestDRAAlways: --dra=always serves DRA on a node without the label;
+// --dra=never does not, even on a labelled one.
+func TestDRAAlways(t *testing.T) {
+	client, _, plugins := draAgentWith(t, DRAAlways, false, "")
+	sliceDevices(t, client, func(d []resourceapi.Device) bool { return len(d) == 8 })
+	if _, err := os.Stat(dra.SocketPath(plugins)); err != nil {
+		t.Errorf("the driver's socket with --dra=always: %v", err)
+	}
+	if inv := published(t, client); !inv.DRA {
+		t.Error("the inventory of an --dra=always node does not say DRA")
+	}
+	client, a, plugins := draAgentWith(t, DRANever, true, "")
+	if err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return a.pub.Published() != nil, nil
+	}); err != nil {
+		t.Fatal("the agent published no inventory")
+	}
+	if l, err := client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{}); err != nil || len(l.Items) != 0 {
+		t.Errorf("--dra=never published ResourceSlices on a labelled node: %d (%v)", len(l.Items), err)
+	}
+	if _, err := os.Stat(dra.SocketPath(plugins)); !os.IsNotExist(err) {
+		t.Errorf("--dra=never serves the driver: %v", err)
 	}
 }
 
