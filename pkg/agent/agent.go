@@ -1,5 +1,6 @@
 // Package agent wires the node agent together: NVML (pkg/nvml), fault
-// handling (health), the device plugin, the MPS daemons, time-slicing
+// handling (health), the device plugin or, on a DRA node, the DRA driver
+// (dra; Options.DRA chooses per node), the MPS daemons, time-slicing
 // (timeslice), isolation (isolation), the node's part of preemption
 // (nodepreempt), refused pods (refusal), the metrics sampler, the slice
 // adjuster, and the inventory it builds and publish keeps on the Node. Each
