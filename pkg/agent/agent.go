@@ -363,6 +363,7 @@ func New(opts Options) (*Agent, error) {
 		if a.draDriver, err = dra.New(dc); err != nil {
 			return nil, err
 		}
+		a.register(a.draDriver.Collectors()...)
 	}
 	if a.gpus != nil {
 		var res *tenants.Resolver

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -127,6 +128,14 @@ func TestDRANodeServesGPUsAsDevices(t *testing.T) {
 	}
 	if got := a.slices()[a.devices[1].UUID].Allocated; got != 1 {
 		t.Errorf("GPU 1 with a prepared claim: %d slices allocated, want 1", got)
+	}
+	// The agent's endpoint exports the driver's series.
+	rec := httptest.NewRecorder()
+	a.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	for _, want := range []string{`tessera_dra_claims_prepared{node="n1"} 1`, `tessera_dra_prepare_refusals_total{node="n1",reason="overcommitted"} 0`} {
+		if !strings.Contains(rec.Body.String(), want) {
+			t.Errorf("the agent's metrics lack %s", want)
+		}
 	}
 	t0 := time.Now()
 	uuid := a.devices[3].UUID

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -96,6 +97,9 @@ type Driver struct {
 	// health may have changed.
 	healthMu sync.Mutex
 	changed  chan struct{}
+
+	refusals *prometheus.CounterVec
+	prepared prometheus.GaugeFunc
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -119,7 +123,9 @@ func New(cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Driver{cfg: cfg, claims: claims, changed: make(chan struct{})}, nil
+	d := &Driver{cfg: cfg, claims: claims, changed: make(chan struct{})}
+	d.newMetrics()
+	return d, nil
 }
 
 // Prepared returns the UIDs of the claims prepared (or being prepared),
@@ -162,6 +168,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 		devices, err := d.prepare(klog.NewContext(ctx, logger), c)
 		if err != nil {
 			logger.Error(err, "Refusing to prepare the claim")
+			d.refusals.WithLabelValues(d.cfg.Node, refusalReason(err)).Inc()
 			out[c.UID] = kubeletplugin.PrepareResult{Err: fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, err)}
 			continue
 		}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -567,6 +568,9 @@ func TestMissingCapacityFailsClosed(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "consumed") {
 		t.Fatalf("prepare of a claim without consumed capacity: %v", err)
 	}
+	if got := testutil.ToFloat64(n.driver.refusals.WithLabelValues("node-a", "no-capacity")); got < 1 {
+		t.Errorf("tessera_dra_prepare_refusals_total{reason=no-capacity} = %v", got)
+	}
 	if _, err := os.Stat(SpecPath(n.cfg.CDIDir, c.UID)); !os.IsNotExist(err) {
 		t.Errorf("a spec was written: %v", err)
 	}
@@ -597,6 +601,13 @@ func TestOvercommitRefused(t *testing.T) {
 	}
 	if got := n.driver.Prepared(); !slices.Equal(got, []types.UID{first.UID}) {
 		t.Errorf("prepared %v, want only the first claim", got)
+	}
+	// What an operator's rule reads.
+	if got := testutil.ToFloat64(n.driver.refusals.WithLabelValues("node-a", "overcommitted")); got < 1 {
+		t.Errorf("tessera_dra_prepare_refusals_total{reason=overcommitted} = %v, want at least 1", got)
+	}
+	if got := testutil.ToFloat64(n.driver.prepared); got != 1 {
+		t.Errorf("tessera_dra_claims_prepared = %v, want 1", got)
 	}
 
 	// The device plugin's pods hold 50 % of GPU 0: a 60 % claim there is
@@ -668,6 +679,9 @@ func TestPodThatWouldLeaveItsSlice(t *testing.T) {
 	err := n.manager.PrepareResources(n.ctx, p)
 	if err == nil || !strings.Contains(err.Error(), "could leave its GPU slice") || !strings.Contains(err.Error(), "container main is privileged") {
 		t.Fatalf("a privileged pod's claim: %v; want it refused naming why", err)
+	}
+	if got := testutil.ToFloat64(n.driver.refusals.WithLabelValues("node-a", "pod-leaves-slice")); got < 1 {
+		t.Errorf("tessera_dra_prepare_refusals_total{reason=pod-leaves-slice} = %v", got)
 	}
 	if _, err := os.Stat(SpecPath(n.cfg.CDIDir, c.UID)); !os.IsNotExist(err) {
 		t.Errorf("a spec was written: %v", err)
