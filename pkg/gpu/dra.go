@@ -54,3 +54,14 @@ func ClaimMode(coresPercent int64, mpsCapable bool) SharingMode {
 	}
 	return ModeTimeSlicing
 }
+
+// ClaimGrant is what a DRA claim that consumed memMiB and coresPercent of
+// GPU d holds there, and how it runs: a claim that took every core has
+// the whole GPU (its memory too), whatever memory it named.
+func ClaimGrant(d Device, memMiB, coresPercent int64) (SharingMode, GPUGrant) {
+	mode := ClaimMode(coresPercent, d.MPSCapable)
+	if mode == ModeExclusive {
+		memMiB, coresPercent = d.MemoryMiB, 100
+	}
+	return mode, GPUGrant{UUID: d.UUID, Index: d.Index, MemoryMiB: memMiB, CoresPerMille: int(coresPercent) * CoresPerGPU / 100}
+}

@@ -395,13 +395,9 @@ func addClaims(ctx context.Context, client kubernetes.Interface, snap *Snapshot,
 			if len(r.ConsumedCapacity) == 0 {
 				memMiB, pct = g.MemoryMiB, 100 // an allocation without consumable capacity takes the device
 			}
-			mode := gpu.ClaimMode(pct, g.MPS)
-			if mode == gpu.ModeExclusive {
-				memMiB, pct = g.MemoryMiB, 100
-			}
-			grant := gpu.GPUGrant{UUID: g.UUID, Index: g.Index, MemoryMiB: memMiB, CoresPerMille: int(pct) * gpu.CoresPerGPU / 100}
-			g.Tenants = append(g.Tenants, Tenant{Namespace: c.Namespace, Pod: pod, Claim: c.Name, Mode: mode, MemoryMiB: memMiB,
-				CoresPercent: int(pct), State: state, grant: grant})
+			mode, grant := gpu.ClaimGrant(gpu.Device{UUID: g.UUID, Index: g.Index, MemoryMiB: g.MemoryMiB, MPSCapable: g.MPS}, memMiB, pct)
+			g.Tenants = append(g.Tenants, Tenant{Namespace: c.Namespace, Pod: pod, Claim: c.Name, Mode: mode, MemoryMiB: grant.MemoryMiB,
+				CoresPercent: grant.CoresPercent(), State: state, grant: grant})
 			placed[g.Node] = append(placed[g.Node], placedPod{assignment: &gpu.PodAssignment{Node: g.Node,
 				Containers: []gpu.ContainerAssignment{{Name: "claim-" + c.Name, Mode: mode, GPUs: []gpu.GPUGrant{grant}}}}})
 		}

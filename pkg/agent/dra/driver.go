@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -145,6 +144,7 @@ func (d *Driver) Prepared() []types.UID {
 // GPUs (one container's: every container given the claim shares it), for
 // the agent's slice counts.
 func (d *Driver) Assignments() []gpu.ContainerAssignment {
+	inv := d.cfg.Inventory.Published()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var out []gpu.ContainerAssignment
@@ -152,7 +152,7 @@ func (d *Driver) Assignments() []gpu.ContainerAssignment {
 		if rec.State != statePrepared {
 			continue
 		}
-		if a, err := d.assignment(rec.Name, rec.Devices); err == nil {
+		if a, err := assignmentOn(inv, d.cfg.Node, rec.Name, rec.Devices); err == nil {
 			out = append(out, a)
 		}
 	}
@@ -203,7 +203,7 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 		if !okMem || !okCores {
 			return nil, fmt.Errorf("device %s/%s: %w", r.Pool, r.Device, ErrCapacityMissing)
 		}
-		a.MemoryMiB, a.Cores = (mem.Value()+1<<20-1)>>20, cores.Value()
+		a.MemoryMiB, a.Cores = mebibytesUp(mem), cores.Value()
 		cfg, err := configFor(c.Status.Allocation, r.Request)
 		if err != nil {
 			return nil, err
@@ -225,11 +225,13 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 	if err := d.podsKeepTheirSlice(c); err != nil {
 		return nil, err
 	}
-	assignment, err := d.assignment(c.Name, mine)
+	// One look at the node's GPUs for the whole decision.
+	inv := d.cfg.Inventory.Published()
+	assignment, err := assignmentOn(inv, d.cfg.Node, c.Name, mine)
 	if err != nil {
 		return nil, err
 	}
-	if err := d.honoured(c.UID, assignment); err != nil {
+	if err := d.honoured(inv, c.UID, assignment); err != nil {
 		return nil, err
 	}
 	e, err := deviceplugin.EditsFor(assignment, d.cfg.PipeDir)
@@ -245,10 +247,9 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 			return nil, fmt.Errorf("the driver's files and device nodes for GPUs %v: %w", uuids, err)
 		}
 	}
-	inv := d.cfg.Inventory.Published()
 	for _, g := range assignment.GPUs {
 		dev := gpuByUUID(inv, g.UUID)
-		e.Guarantees = append(e.Guarantees, gpu.GuaranteeOf(assignment.Mode, g, Offer(dev.Offer()), gpu.MPSServerLimits{ThreadPercent: 100}))
+		e.Guarantees = append(e.Guarantees, gpu.GuaranteeOf(assignment.Mode, g, gpu.ClaimOffer(dev.Offer()), gpu.MPSServerLimits{ThreadPercent: 100}))
 	}
 	e.Env = append(e.Env, deviceplugin.IsolationEnv+"="+deviceplugin.IsolationValue(e.Guarantees))
 	rec := &preparedClaim{Namespace: c.Namespace, Name: c.Name, State: statePreparing, Devices: mine, CDIDevice: CDIKind + "=" + string(c.UID),
@@ -287,17 +288,17 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 	return answer(rec), nil
 }
 
-// assignment is the claim's devices as one container's assignment (every
-// container given the claim shares it), checked against the node's GPUs.
-func (d *Driver) assignment(claim string, devices []allocatedDevice) (gpu.ContainerAssignment, error) {
-	inv := d.cfg.Inventory.Published()
+// assignmentOn is the claim's devices as one container's assignment on
+// node's GPUs inv (every container given the claim shares it), checked
+// against them.
+func assignmentOn(inv *gpu.NodeInventory, node, claim string, devices []allocatedDevice) (gpu.ContainerAssignment, error) {
 	if inv == nil {
 		return gpu.ContainerAssignment{}, errors.New("the agent has not read this node's GPUs yet; kubelet retries")
 	}
 	a := gpu.ContainerAssignment{Name: "claim-" + claim}
 	for i, r := range devices {
-		if r.Pool != d.cfg.Node {
-			return a, fmt.Errorf("device %s is in pool %q, not this node's (%q)", r.Device, r.Pool, d.cfg.Node)
+		if r.Pool != node {
+			return a, fmt.Errorf("device %s is in pool %q, not this node's (%q)", r.Device, r.Pool, node)
 		}
 		g := gpuByDevice(inv, r.Device)
 		if g == nil {
@@ -309,7 +310,7 @@ func (d *Driver) assignment(claim string, devices []allocatedDevice) (gpu.Contai
 		if slices.ContainsFunc(a.GPUs, func(x gpu.GPUGrant) bool { return x.UUID == g.UUID }) {
 			return a, fmt.Errorf("device %s is allocated to the claim twice", r.Device)
 		}
-		mode, grant, err := grantOf(*g, *resource.NewQuantity(r.MemoryMiB<<20, resource.BinarySI), *resource.NewQuantity(r.Cores, resource.DecimalSI))
+		mode, grant, err := grantOf(*g, r.MemoryMiB, r.Cores)
 		if err != nil {
 			return a, fmt.Errorf("device %s: %w", r.Device, err)
 		}
@@ -359,8 +360,7 @@ var ErrOvercommitted = errors.New("this node cannot honour the claim's allocatio
 // they hold (the device plugin's pods, then the claims prepared before it
 // in UID order) with the scheduler's own rules (allocator.Node: Σ cores ≤
 // 100 %, Σ memory ≤ memory × oversubscription, one sharing mode per GPU).
-func (d *Driver) honoured(uid types.UID, a gpu.ContainerAssignment) error {
-	inv := d.cfg.Inventory.Published()
+func (d *Driver) honoured(inv *gpu.NodeInventory, uid types.UID, a gpu.ContainerAssignment) error {
 	node, err := allocator.NewNode(inv)
 	if err != nil {
 		return fmt.Errorf("the agent's own inventory: %w", err)
@@ -381,7 +381,7 @@ func (d *Driver) honoured(uid types.UID, a gpu.ContainerAssignment) error {
 	}
 	slices.Sort(uids)
 	for _, u := range uids {
-		prev, err := d.assignment(d.claims[u].Name, d.claims[u].Devices)
+		prev, err := assignmentOn(inv, d.cfg.Node, d.claims[u].Name, d.claims[u].Devices)
 		if err != nil {
 			continue // its GPU gone or unhealthy: nothing of it to count
 		}
@@ -474,7 +474,7 @@ func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 				if !g.Healthy {
 					h = kubeletplugin.HealthStatusUnhealthy
 				}
-				report.Devices = append(report.Devices, kubeletplugin.DeviceHealth{PoolName: d.cfg.Node, DeviceName: DeviceName(g.Index),
+				report.Devices = append(report.Devices, kubeletplugin.DeviceHealth{PoolName: d.cfg.Node, DeviceName: gpu.DRADeviceName(g.Index),
 					Health: h, LastUpdated: now, HealthCheckTimeout: 3 * d.cfg.HealthEvery})
 			}
 		}
@@ -494,7 +494,7 @@ func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 
 func gpuByDevice(inv *gpu.NodeInventory, device string) *gpu.Device {
 	for i := range inv.GPUs {
-		if DeviceName(inv.GPUs[i].Index) == device {
+		if gpu.DRADeviceName(inv.GPUs[i].Index) == device {
 			return &inv.GPUs[i]
 		}
 	}

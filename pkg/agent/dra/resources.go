@@ -53,9 +53,6 @@ type Policy struct {
 	MemoryOversubscription float64
 }
 
-// DeviceName is the device of the GPU with NVML index i.
-func DeviceName(index int) string { return gpu.DRADeviceName(index) }
-
 // unlimitedSlices is the slices capacity of a GPU the adjuster sets no
 // limit on: every claim takes at least one percent of the cores, so no
 // more can fit anyway.
@@ -98,7 +95,8 @@ func device(g gpu.Device, p Policy, h Held) resourceapi.Device {
 	if oversub < 1 {
 		oversub = 1
 	}
-	memCap := int64(math.Floor(float64(g.MemoryMiB) * oversub))
+	total := int64(math.Floor(float64(g.MemoryMiB) * oversub))
+	memCap := total
 	minMem := min(max(p.MinMemoryMiB, 1), g.MemoryMiB)
 	slices := int64(g.Slices)
 	if slices <= 0 {
@@ -117,17 +115,17 @@ func device(g gpu.Device, p Policy, h Held) resourceapi.Device {
 			// Nothing a claim could take: the GPU is published whole
 			// (capacities must hold their policies) and tainted.
 			full = true
-			memCap, perClaim, cores, slices = int64(math.Floor(float64(g.MemoryMiB)*oversub)), g.MemoryMiB, 100, max(slices, 1)
+			memCap, perClaim, cores, slices = total, g.MemoryMiB, 100, max(slices, 1)
 		}
 	}
-	mode := sharedMode(g)
-	held := gpu.GuaranteeOf(mode, gpu.GPUGrant{}, Offer(g.Offer()), gpu.MPSServerLimits{ThreadPercent: 100})
+	mode := gpu.ClaimMode(0, g.MPSCapable) // how a slice of it runs
+	held := gpu.GuaranteeOf(mode, gpu.GPUGrant{}, gpu.ClaimOffer(g.Offer()), gpu.MPSServerLimits{ThreadPercent: 100})
 	peers := make([]string, len(g.NVLinkPeers))
 	for i, n := range g.NVLinkPeers {
 		peers[i] = strconv.Itoa(n)
 	}
 	d := resourceapi.Device{
-		Name: DeviceName(g.Index),
+		Name: gpu.DRADeviceName(g.Index),
 		Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 			"uuid":             {StringValue: ptr.To(g.UUID)},
 			"model":            {StringValue: ptr.To(g.Model)},
@@ -165,28 +163,19 @@ func device(g gpu.Device, p Policy, h Held) resourceapi.Device {
 	return d
 }
 
-// sharedMode is how a claim that takes part of the GPU shares it.
-func sharedMode(g gpu.Device) gpu.SharingMode { return gpu.ClaimMode(0, g.MPSCapable) }
+// mebibytesUp is a consumed memory in MiB, rounded up: a limit below
+// what was allocated would take from the tenant.
+func mebibytesUp(q resource.Quantity) int64 { return (q.Value() + 1<<20 - 1) >> 20 }
 
-// Offer is what holds a claim's slice on a GPU with this offer
-// (gpu.ClaimOffer).
-func Offer(o gpu.IsolationOffer) gpu.IsolationOffer { return gpu.ClaimOffer(o) }
-
-// grantOf turns a consumed memory and cores into a grant on g, and the
-// sharing mode it runs in: a claim that took every core has the whole GPU.
-func grantOf(g gpu.Device, memory, cores resource.Quantity) (gpu.SharingMode, gpu.GPUGrant, error) {
-	memMiB := (memory.Value() + 1<<20 - 1) >> 20
-	pct := cores.Value()
+// grantOf checks a consumed memory (MiB) and cores (percent) against g and
+// turns them into a grant there (gpu.ClaimGrant).
+func grantOf(g gpu.Device, memMiB, pct int64) (gpu.SharingMode, gpu.GPUGrant, error) {
 	switch {
 	case memMiB <= 0 || memMiB > g.MemoryMiB:
-		return "", gpu.GPUGrant{}, fmt.Errorf("memory %s is not within GPU %s's %d MiB", memory.String(), g.UUID, g.MemoryMiB)
+		return "", gpu.GPUGrant{}, fmt.Errorf("memory %d MiB is not within GPU %s's %d MiB", memMiB, g.UUID, g.MemoryMiB)
 	case pct < 1 || pct > 100:
-		return "", gpu.GPUGrant{}, fmt.Errorf("cores %s is not a percentage from 1 to 100", cores.String())
+		return "", gpu.GPUGrant{}, fmt.Errorf("cores %d is not a percentage from 1 to 100", pct)
 	}
-	grant := gpu.GPUGrant{UUID: g.UUID, Index: g.Index, MemoryMiB: memMiB, CoresPerMille: int(pct) * gpu.CoresPerGPU / 100}
-	mode := gpu.ClaimMode(pct, g.MPSCapable)
-	if mode == gpu.ModeExclusive {
-		grant.MemoryMiB = g.MemoryMiB
-	}
+	mode, grant := gpu.ClaimGrant(g, memMiB, pct)
 	return mode, grant, nil
 }

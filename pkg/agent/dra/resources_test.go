@@ -149,13 +149,14 @@ func TestGrantOf(t *testing.T) {
 		{"1Gi", "0", "", 0, 0, true},
 		{"1Gi", "101", "", 0, 0, true},
 	} {
-		mode, grant, err := grantOf(g, resource.MustParse(tc.memory), resource.MustParse(tc.cores))
+		cores := resource.MustParse(tc.cores)
+		mode, grant, err := grantOf(g, mebibytesUp(resource.MustParse(tc.memory)), cores.Value())
 		if (err != nil) != tc.err || mode != tc.mode || grant.MemoryMiB != tc.memMiB || grant.CoresPerMille != tc.perMille {
 			t.Errorf("grantOf(%s, %s) = %s %+v %v; want %s %d MiB %d‰ err %v", tc.memory, tc.cores, mode, grant, err, tc.mode, tc.memMiB, tc.perMille, tc.err)
 		}
 	}
 	ts := gpu.Device{UUID: "GPU-4", MemoryMiB: 1024}
-	if mode, _, _ := grantOf(ts, resource.MustParse("512Mi"), resource.MustParse("10")); mode != gpu.ModeTimeSlicing {
+	if mode, _, _ := grantOf(ts, 512, 10); mode != gpu.ModeTimeSlicing {
 		t.Errorf("a shared claim on a GPU without MPS: %s, want time-slicing", mode)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -40,6 +42,12 @@ type Server struct {
 	driver *Driver
 	helper *kubeletplugin.Helper
 	policy Policy
+
+	// healthMu guards health, the GPUs' health as last published: the
+	// health watch is woken only when it changes (Publish also runs
+	// every few seconds for what the device plugin's pods hold).
+	healthMu sync.Mutex
+	health   string
 }
 
 // Serve starts the driver's gRPC services (and kubelet's registration,
@@ -83,12 +91,23 @@ func SocketPath(pluginDir string) string { return filepath.Join(pluginDir, "dra.
 // Publish replaces the node's ResourceSlice with inv's GPUs, less what
 // held says the device plugin's pods hold (a fault taints a GPU at once, a
 // recovery lifts it, a new slice count changes its slices), and tells
-// kubelet's health watch. Publishing what was published changes nothing.
+// kubelet's health watch when a GPU's health changed. Publishing what was
+// published changes nothing.
 func (s *Server) Publish(ctx context.Context, inv *gpu.NodeInventory, held map[string]Held) error {
 	if err := s.helper.PublishResources(ctx, Resources(inv, s.policy, held)); err != nil {
 		return err
 	}
-	s.driver.InventoryChanged()
+	var health strings.Builder
+	for _, g := range inv.GPUs {
+		fmt.Fprintf(&health, "%d:%t ", g.Index, g.Healthy)
+	}
+	s.healthMu.Lock()
+	changed := health.String() != s.health
+	s.health = health.String()
+	s.healthMu.Unlock()
+	if changed {
+		s.driver.InventoryChanged()
+	}
 	return nil
 }
 
