@@ -10,6 +10,13 @@ import (
 // ResourceClaim instead of the extended resources.
 const DRADriver = "gpu.tessera.dev"
 
+// DRAMemory and DRACores are the consumable capacities of a DRA device:
+// its memory (a binary quantity) and the percentage (1–100) of its SMs.
+const (
+	DRAMemory = "memory"
+	DRACores  = "cores"
+)
+
 // DRADeviceName is the device of the GPU with NVML index i in its node's
 // pool (the pool is named by the node).
 func DRADeviceName(index int) string { return "gpu-" + strconv.Itoa(index) }

@@ -29,9 +29,9 @@ const DriverName = gpu.DRADriver
 // The consumable capacities of a GPU device.
 const (
 	// CapacityMemory is GPU memory, a binary quantity ("10Gi").
-	CapacityMemory resourceapi.QualifiedName = "memory"
+	CapacityMemory resourceapi.QualifiedName = gpu.DRAMemory
 	// CapacityCores is the percentage (1–100) of the GPU's SMs.
-	CapacityCores resourceapi.QualifiedName = "cores"
+	CapacityCores resourceapi.QualifiedName = gpu.DRACores
 	// CapacitySlices counts the claims on the GPU: each takes one, and
 	// the GPU has as many as the slice adjuster allows.
 	CapacitySlices resourceapi.QualifiedName = "slices"
