@@ -20,6 +20,17 @@ import (
 // behind the cycle's snapshot (asked until one node says so).
 func (p *Plugin) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
 	s := readState(state)
+	if s == nil && readClaims(state) != nil {
+		return p.claims.inner.Filter(ctx, state, pod, nodeInfo)
+	}
+	if st := p.filterGPU(ctx, s, pod, nodeInfo); st != nil || !s.claims {
+		return st
+	}
+	return p.claims.inner.Filter(ctx, state, pod, nodeInfo)
+}
+
+// filterGPU is Filter for the pod's device-plugin GPUs.
+func (p *Plugin) filterGPU(ctx context.Context, s *stateData, pod *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
 	if s == nil {
 		// PreFilter writes the state of every pod it does not skip, and
 		// the framework runs no Filter after a Skip: a missing state is a

@@ -29,11 +29,17 @@ import (
 // such a pod among the waiters, which the handler activates once it has
 // applied a change that made room — without that, the pod sat out the
 // five-minute unschedulable flush with no further event to wake it.
-func (p *Plugin) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, error) {
-	return []fwk.ClusterEventWithHint{
+func (p *Plugin) EventsToRegister(ctx context.Context) ([]fwk.ClusterEventWithHint, error) {
+	events := []fwk.ClusterEventWithHint{
 		{Event: fwk.ClusterEvent{Resource: fwk.AssignedPod, ActionType: fwk.Delete}, QueueingHintFn: p.hintGPUPodGone},
 		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add | fwk.UpdateNodeAnnotation | fwk.UpdateNodeAllocatable}, QueueingHintFn: p.hintInventoryChanged},
-	}, nil
+	}
+	if p.claims == nil {
+		return events, nil
+	}
+	// Claims, their slices and classes: upstream's events and hints.
+	claims, err := p.claims.inner.EventsToRegister(ctx)
+	return append(events, claims...), err
 }
 
 // hintGPUPodGone requeues on the deletion of a pod that held GPUs or

@@ -18,6 +18,9 @@
 //     it;
 //   - postfilter.go: PostFilter preempts — preemptplan.go chooses the victims
 //     (a pure function), notices.go notifies them;
+//   - claims.go: a pod's ResourceClaims, allocated by upstream's
+//     DynamicResources over slices whose gpu.tessera.dev devices are in the
+//     order the fragmentation gradient ranks them (PreEnqueue, PreBind);
 //   - hints.go: EventsToRegister retries a waiting pod when a GPU pod goes
 //     away or a node's inventory changes, instead of after the
 //     unschedulable timeout.
@@ -67,6 +70,9 @@ type Plugin struct {
 	// pending are this instance's GPU pods that found no node, for the
 	// pending collector.
 	pending pendingReasons
+	// claims allocates pods' ResourceClaims (nil: the scheduler runs
+	// without DRA).
+	claims *claimPlacer
 	*shared
 }
 
@@ -80,6 +86,8 @@ var (
 	_ fwk.BindPlugin        = (*Plugin)(nil)
 	_ fwk.EnqueueExtensions = (*Plugin)(nil)
 	_ fwk.PostFilterPlugin  = (*Plugin)(nil)
+	_ fwk.PreEnqueuePlugin  = (*Plugin)(nil)
+	_ fwk.PreBindPlugin     = (*Plugin)(nil)
 )
 
 // shared is the state all profiles of one scheduler share: one cache of GPU
@@ -141,6 +149,9 @@ func newPlugin(ctx context.Context, obj runtime.Object, h fwk.Handle, controller
 	p := &Plugin{handle: h, queue: h, cfg: cfg, preemptCfg: all.Preemption,
 		pods: factory.Core().V1().Pods().Lister(), pdbs: factory.Policy().V1().PodDisruptionBudgets().Lister()}
 	pending.track(ctx, &p.pending, p.pods)
+	if p.claims, err = newClaimPlacer(ctx, h); err != nil {
+		return nil, err
+	}
 
 	sharedMu.Lock()
 	defer sharedMu.Unlock()
@@ -229,6 +240,8 @@ type stateData struct {
 	// excluded are the nodes PreFilter left out of the cycle (see
 	// candidates), for PostFilter's account when no node fits.
 	excluded []cache.ExcludedNode
+	// claims: the pod also has ResourceClaims to allocate (claims.go).
+	claims bool
 }
 
 // Clone shares the data, except the nominated pods, which the framework

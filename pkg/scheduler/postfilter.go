@@ -28,6 +28,13 @@ import (
 // free GPU fragment anywhere and how many nodes were short of what.
 func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, statuses fwk.NodeToStatusReader) (*fwk.PostFilterResult, *fwk.Status) {
 	defer observe("PostFilter", time.Now())
+	if readClaims(state) != nil {
+		// Claims the cycle allocated but did not reserve go back, as
+		// upstream's DynamicResources does.
+		if _, st := p.claims.inner.PostFilter(ctx, state, pod, statuses); st.Code() == fwk.Error {
+			return nil, st
+		}
+	}
 	s := readState(state)
 	if s == nil {
 		return nil, fwk.NewStatus(fwk.Unschedulable)

@@ -16,9 +16,36 @@ import (
 )
 
 // PreFilter parses and validates the pod's GPU request, and names the nodes
-// worth visiting (candidates).
+// worth visiting (candidates); for a pod with ResourceClaims it prepares
+// their allocation (claims.go).
 func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
 	defer observe("PreFilter", time.Now())
+	res, st := p.preFilterGPU(ctx, state, pod, nodes)
+	if !p.claims.wants(pod) || !(st.IsSuccess() || st.IsSkip()) {
+		return res, st
+	}
+	if err := p.waitForSync(ctx); err != nil {
+		return nil, fwk.AsStatus(err)
+	}
+	alloc := p.workload.Current()
+	if s := readState(state); s != nil && !st.IsSkip() {
+		alloc = s.alloc
+	}
+	claimRes, claimSt := p.claims.preFilter(ctx, state, pod, nodes, alloc, p.cache.Snapshot, p.cache.Oversubscription())
+	switch {
+	case claimSt.IsSkip():
+		return res, st
+	case !claimSt.IsSuccess():
+		return claimRes, claimSt
+	case st.IsSkip():
+		return claimRes, nil
+	}
+	readState(state).claims = true
+	return res.Merge(claimRes), nil
+}
+
+// preFilterGPU is PreFilter for the pod's device-plugin GPUs.
+func (p *Plugin) preFilterGPU(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
 	if !podgpu.WantsGPU(pod) {
 		return nil, fwk.NewStatus(fwk.Skip)
 	}

@@ -11,9 +11,17 @@ import (
 )
 
 // Reserve books the pod's GPUs on the chosen node. It places again under the
-// node's lock: the usage may have changed since Filter.
+// node's lock: the usage may have changed since Filter. A pod's claims'
+// allocation is signalled to the claim tracker (claims.go).
 func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) *fwk.Status {
 	defer observe("Reserve", time.Now())
+	if st := p.reserveGPU(ctx, state, pod, nodeName); st != nil || readClaims(state) == nil {
+		return st
+	}
+	return p.claims.inner.Reserve(ctx, state, pod, nodeName)
+}
+
+func (p *Plugin) reserveGPU(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) *fwk.Status {
 	s := readState(state)
 	if s == nil {
 		return nil
@@ -33,8 +41,11 @@ func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 }
 
 // Unreserve releases a booking whose pod did not bind.
-func (p *Plugin) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ string) {
+func (p *Plugin) Unreserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) {
 	defer observe("Unreserve", time.Now())
+	if readClaims(state) != nil {
+		p.claims.inner.Unreserve(ctx, state, pod, nodeName)
+	}
 	if s := readState(state); s != nil {
 		p.cache.ForgetAssumed(pod.UID)
 		s.assignment = nil

@@ -11,7 +11,7 @@ import (
 
 // PreScore skips scoring for pods without GPUs.
 func (p *Plugin) PreScore(_ context.Context, state fwk.CycleState, _ *v1.Pod, _ []fwk.NodeInfo) *fwk.Status {
-	if readState(state) == nil {
+	if readState(state) == nil && readClaims(state) == nil {
 		return fwk.NewStatus(fwk.Skip)
 	}
 	return nil
@@ -25,10 +25,24 @@ const scoreScale = 1e6
 // changed in between (a binding completed, a pod left) or the workload did,
 // when it is placed afresh. Reserve places once more under the node's lock, so a ranking that
 // moved never books anything stale.
+//
+// A pod's gpu.tessera.dev claim adds the gradient's score of its best GPU
+// on the node (claims.go); a node where it fits no GPU by the scheduler's
+// account ranks last.
 func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
 	s := readState(state)
+	var claimScore int64
+	if s == nil || s.claims {
+		if c := readClaims(state); c != nil && c.scores != nil {
+			score, ok := c.scores[nodeInfo.Node().Name]
+			if !ok {
+				return math.MinInt64 / 2, nil
+			}
+			claimScore = int64(math.Round(score * scoreScale))
+		}
+	}
 	if s == nil {
-		return 0, nil
+		return claimScore, nil
 	}
 	if s.timed {
 		defer observeSince(scoreDuration, time.Now())
@@ -37,7 +51,7 @@ func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeI
 	if err != nil || !reason.OK() {
 		return math.MinInt64 / 2, nil // changed since Filter; rank it last
 	}
-	return int64(math.Round(score * scoreScale)), nil
+	return int64(math.Round(score*scoreScale)) + claimScore, nil
 }
 
 // ScoreExtensions returns the plugin, which normalizes its own scores.

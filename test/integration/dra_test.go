@@ -38,8 +38,9 @@ func (sourcesNeverReady) SeenAllSources(string) bool { return false }
 // TestDRAClaimsThroughTheRealParts: the agent's DRA driver publishes its
 // node's ResourceSlice to the real API server (which validates its
 // capacities, request policies and taints), tessera-scheduler as shipped
-// allocates claims of the chart's DeviceClass on it (upstream's
-// DynamicResources, consumable capacity on) and binds their pods, and
+// allocates claims of the chart's DeviceClass on it (TesseraGPU, with
+// upstream's DynamicResources disabled in its profile) on the GPU the
+// gradient ranks first, and binds their pods, and
 // kubelet's DRA manager has the driver prepare them: each container gets
 // the CDI device whose spec holds exactly what its claim consumed, on
 // the GPU the slice left room on.
@@ -74,16 +75,16 @@ func TestDRAClaimsThroughTheRealParts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := dra.Serve(c.ctx, d, dra.ServeOptions{Client: c.client, PluginDir: plugin, Policy: dra.Policy{MinMemoryMiB: 4096, MemoryOversubscription: 1}})
+	srv, err := dra.Serve(c.ctx, d, dra.ServeOptions{Client: c.client, PluginDir: plugin, Policy: dra.Policy{MinMemoryMiB: 4096, MemoryOversubscription: 1.5}}) // the chart's: both sides default to 1.5
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Stop)
-	// The node moved from the device plugin: a running pod holds 20 GiB
-	// and 25 % of GPU 0, another the whole of GPU 1.
+	// The node moved from the device plugin: a running pod holds the
+	// whole of GPU 1, another 20 GiB and 25 % of GPU 2.
 	held := map[string]dra.Held{
-		inv.GPUs[0].UUID: {MemoryMiB: 20480, CoresPerMille: 250, Containers: 1},
 		inv.GPUs[1].UUID: {MemoryMiB: 81920, CoresPerMille: 1000, Containers: 1},
+		inv.GPUs[2].UUID: {MemoryMiB: 20480, CoresPerMille: 250, Containers: 1},
 	}
 	if err := srv.Publish(c.ctx, inv, held); err != nil {
 		t.Fatal(err)
@@ -108,11 +109,18 @@ func TestDRAClaimsThroughTheRealParts(t *testing.T) {
 	}); err != nil {
 		t.Errorf("a tessera.dev/gpu pod on the only (DRA) node: %q; want it refused for serving DRA", c.unschedulableMessage("default", "plugin-pod"))
 	}
-	for name, capacity := range map[string]map[resourceapi.QualifiedName]string{
-		"slice": {"memory": "10Gi", "cores": "25"},
-		// Every core: only GPU 2 has them all.
-		"whole": {"cores": "100"},
+	// The slice first: upstream's allocator alone takes the first device
+	// that fits, GPU 0, and the whole GPU then finds none; TesseraGPU
+	// ranks GPU 2, the one already shared, first, and keeps GPU 0 whole.
+	for _, tc := range []struct {
+		name     string
+		capacity map[resourceapi.QualifiedName]string
+	}{
+		{"slice", map[resourceapi.QualifiedName]string{"memory": "10Gi", "cores": "25"}},
+		// Every core: only GPU 0 has them all.
+		{"whole", map[resourceapi.QualifiedName]string{"cores": "100"}},
 	} {
+		name, capacity := tc.name, tc.capacity
 		req := &resourceapi.ExactDeviceRequest{DeviceClassName: dra.DriverName, Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{}}}
 		for k, v := range capacity {
 			req.Capacity.Requests[k] = resource.MustParse(v)
@@ -128,6 +136,7 @@ func TestDRAClaimsThroughTheRealParts(t *testing.T) {
 		if _, err := c.client.CoreV1().Pods("default").Create(c.ctx, pod, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
+		c.waitBound("default", []string{name}, 60*time.Second)
 	}
 	bound := c.waitBound("default", []string{"slice", "whole"}, 60*time.Second)
 
@@ -149,8 +158,8 @@ func TestDRAClaimsThroughTheRealParts(t *testing.T) {
 		device string
 		env    []string
 	}{
-		"slice": {"gpu-0", []string{"NVIDIA_VISIBLE_DEVICES=" + inv.GPUs[0].UUID, "TESSERA_GPU_MEMORY_LIMIT_MIB=0=10240", "TESSERA_GPU_CORES_PERCENT=0=25"}},
-		"whole": {"gpu-2", []string{"NVIDIA_VISIBLE_DEVICES=" + inv.GPUs[2].UUID, "TESSERA_GPU_ISOLATION=0:memory=device,compute=device"}},
+		"slice": {"gpu-2", []string{"NVIDIA_VISIBLE_DEVICES=" + inv.GPUs[2].UUID, "TESSERA_GPU_MEMORY_LIMIT_MIB=0=10240", "TESSERA_GPU_CORES_PERCENT=0=25"}},
+		"whole": {"gpu-0", []string{"NVIDIA_VISIBLE_DEVICES=" + inv.GPUs[0].UUID, "TESSERA_GPU_ISOLATION=0:memory=device,compute=device"}},
 	} {
 		claim, err := c.client.ResourceV1().ResourceClaims("default").Get(c.ctx, name, metav1.GetOptions{})
 		if err != nil {

@@ -1,0 +1,138 @@
+package scheduler
+
+import (
+	"slices"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/gpu"
+)
+
+func TestClaimRequest(t *testing.T) {
+	req := func(class string, capacity map[string]string) *resourceapi.ExactDeviceRequest {
+		r := &resourceapi.ExactDeviceRequest{DeviceClassName: class}
+		if capacity != nil {
+			r.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{}}
+			for k, v := range capacity {
+				r.Capacity.Requests[resourceapi.QualifiedName(k)] = resource.MustParse(v)
+			}
+		}
+		return r
+	}
+	slice := func(sharing gpu.SharingMode, memMiB int64, cores int) *allocator.Request {
+		return &allocator.Request{Sharing: sharing, Containers: []allocator.Container{{Name: "claim", Count: 1, MemoryMiB: memMiB, Cores: cores}}}
+	}
+	whole := &allocator.Request{Sharing: gpu.ModeAuto, Containers: []allocator.Container{{Name: "claim", Count: 1, Whole: true}}}
+	for _, tc := range []struct {
+		name string
+		in   *resourceapi.ExactDeviceRequest
+		want *allocator.Request // nil: not gpu.tessera.dev's
+	}{
+		{"slice", req("gpu.tessera.dev", map[string]string{"memory": "10Gi", "cores": "25"}), slice(gpu.ModeAuto, 10240, 250)},
+		{"memory rounded up to MiB", req("gpu.tessera.dev", map[string]string{"memory": "1500000", "cores": "10"}), slice(gpu.ModeAuto, 2, 100)},
+		{"mps class", req("mps.gpu.tessera.dev", map[string]string{"memory": "4Gi", "cores": "50"}), slice(gpu.ModeMPS, 4096, 500)},
+		{"time-sliced class", req("time-sliced.gpu.tessera.dev", map[string]string{"memory": "4Gi", "cores": "50"}), slice(gpu.ModeTimeSlicing, 4096, 500)},
+		// The request policies' defaults: every core, so the whole GPU.
+		{"no capacity", req("gpu.tessera.dev", nil), whole},
+		{"memory only", req("gpu.tessera.dev", map[string]string{"memory": "10Gi"}), whole},
+		{"every core", req("gpu.tessera.dev", map[string]string{"cores": "100"}), whole},
+		{"whole class", req("whole.gpu.tessera.dev", map[string]string{"memory": "10Gi", "cores": "25"}), whole},
+		{"another driver's class", req("gpu.nvidia.com", nil), nil},
+		{"a name ending like ours", req("xgpu.tessera.dev", nil), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := ClaimRequest(tc.in)
+			if ok != (tc.want != nil) {
+				t.Fatalf("ClaimRequest ok = %v, want %v", ok, tc.want != nil)
+			}
+			if ok && (got.Sharing != tc.want.Sharing || !slices.Equal(got.Containers, tc.want.Containers)) {
+				t.Errorf("ClaimRequest = %+v, want %+v", got, tc.want)
+			}
+			if ok {
+				if err := got.Check(); err != nil {
+					t.Errorf("the request fails the allocator's check: %v", err)
+				}
+			}
+		})
+	}
+}
+
+func draNode(t *testing.T) *allocator.Node {
+	t.Helper()
+	inv := &gpu.NodeInventory{Node: "n1", CPUMilli: 64000, MemoryMiB: 256 << 10}
+	for i := range 3 {
+		inv.GPUs = append(inv.GPUs, gpu.Device{Index: i, UUID: "GPU-" + string(rune('a'+i)), Model: "H100", MemoryMiB: 81920, Healthy: true, MPSCapable: true})
+	}
+	n, err := allocator.NewNode(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func device(name string, memMiB, cores int64, taints ...resourceapi.DeviceTaint) resourceapi.Device {
+	return resourceapi.Device{Name: name, Taints: taints, Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+		gpu.DRAMemory: {Value: *resource.NewQuantity(memMiB<<20, resource.BinarySI)},
+		gpu.DRACores:  {Value: *resource.NewQuantity(cores, resource.DecimalSI)},
+	}}
+}
+
+// TestClaimsCountedOnTheNode: what the slice says the device plugin's pods
+// hold and what allocated claims consumed are counted on the cache's
+// node, so the gradient ranks GPUs by what is really free.
+func TestClaimsCountedOnTheNode(t *testing.T) {
+	n := draNode(t)
+	s := &resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{Driver: gpu.DRADriver, Pool: resourceapi.ResourcePool{Name: "n1"}, NodeName: ptr.To("n1"),
+		Devices: []resourceapi.Device{
+			device("gpu-0", 81920, 100),
+			device("gpu-1", 81920-20480, 75), // a device-plugin pod holds 20 GiB and 25 %
+			device("gpu-2", 81920, 100, resourceapi.DeviceTaint{Key: "gpu.tessera.dev/unhealthy", Effect: resourceapi.DeviceTaintEffectNoSchedule}),
+		}}}
+	heldOutsideClaims(n, s, 1)
+	share := types.UID("share")
+	claim := &resourceapi.ResourceClaim{Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{
+		Results: []resourceapi.DeviceRequestAllocationResult{
+			{Driver: gpu.DRADriver, Pool: "n1", Device: "gpu-0", ShareID: &share, ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{
+				gpu.DRAMemory: resource.MustParse("8Gi"), gpu.DRACores: resource.MustParse("10")}},
+			{Driver: "other.example.com", Pool: "n1", Device: "gpu-1"},
+		}}}}}
+	occupy(map[string]*allocator.Node{"n1": n}, claim)
+	for i, want := range []struct {
+		mem     int64
+		cores   int
+		healthy bool
+	}{{8192, 100, true}, {20480, 250, true}, {0, 0, false}} {
+		g := n.GPUs[i]
+		if g.MemoryUsedMiB() != want.mem || g.CoresUsed() != want.cores || g.Healthy != want.healthy {
+			t.Errorf("GPU %d: %d MiB, %d‰ cores, healthy %v; want %d MiB, %d‰, %v", i, g.MemoryUsedMiB(), g.CoresUsed(), g.Healthy, want.mem, want.cores, want.healthy)
+		}
+	}
+}
+
+func TestRankDevicesCopies(t *testing.T) {
+	ours := &resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{Driver: gpu.DRADriver, Pool: resourceapi.ResourcePool{Name: "n1"},
+		Devices: []resourceapi.Device{{Name: "gpu-0"}, {Name: "gpu-1"}, {Name: "gpu-2"}, {Name: "extra"}}}}
+	theirs := &resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{Driver: "other.example.com", Pool: resourceapi.ResourcePool{Name: "n1"},
+		Devices: []resourceapi.Device{{Name: "gpu-0"}, {Name: "gpu-1"}}}}
+	out := rankDevices([]*resourceapi.ResourceSlice{ours, theirs}, map[string]map[string]int{"n1": {"gpu-2": 0, "gpu-0": 1, "gpu-1": 2}})
+	names := func(s *resourceapi.ResourceSlice) (n []string) {
+		for _, d := range s.Spec.Devices {
+			n = append(n, d.Name)
+		}
+		return n
+	}
+	if got := names(out[0]); !slices.Equal(got, []string{"gpu-2", "gpu-0", "gpu-1", "extra"}) {
+		t.Errorf("ranked slice's devices: %v", got)
+	}
+	if got := names(ours); !slices.Equal(got, []string{"gpu-0", "gpu-1", "gpu-2", "extra"}) {
+		t.Errorf("the informer's slice was changed: %v", got)
+	}
+	if out[1] != theirs {
+		t.Error("another driver's slice was copied or reordered")
+	}
+}
