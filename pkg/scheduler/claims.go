@@ -85,6 +85,11 @@ func newClaimPlacer(ctx context.Context, h fwk.Handle) (*claimPlacer, error) {
 	fts := feature.NewSchedulerFeaturesFromGates(utilfeature.DefaultFeatureGate)
 	args := &schedconfig.DynamicResourcesArgs{}
 	pl, err := dynamicresources.New(ctx, args, rankedHandle{Handle: h, mgr: rankedManager{SharedDRAManager: mgr, placer: c}}, fts)
+	if err != nil && strings.Contains(err.Error(), "indexer conflict") {
+		// Upstream's own plugin was set up first in this profile.
+		return nil, fmt.Errorf("%s allocates ResourceClaims itself: disable DynamicResources in profile %s (plugins.multiPoint.disabled), as the shipped configuration does: %w",
+			Name, h.ProfileName(), err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: the DRA allocator: %w", Name, err)
 	}

@@ -35,16 +35,20 @@ func (sourcesNeverReady) AddSource(string)           {}
 func (sourcesNeverReady) AllReady() bool             { return false }
 func (sourcesNeverReady) SeenAllSources(string) bool { return false }
 
-// TestDRAClaimsThroughTheRealParts: the agent's DRA driver publishes its
-// node's ResourceSlice to the real API server (which validates its
-// capacities, request policies and taints), tessera-scheduler as shipped
-// allocates claims of the chart's DeviceClass on it (TesseraGPU, with
-// upstream's DynamicResources disabled in its profile) on the GPU the
-// gradient ranks first, and binds their pods, and
-// kubelet's DRA manager has the driver prepare them: each container gets
-// the CDI device whose spec holds exactly what its claim consumed, on
-// the GPU the slice left room on.
-func TestDRAClaimsThroughTheRealParts(t *testing.T) {
+// draNode is a node of three 80 GiB GPUs served by the agent's DRA
+// driver, moved from the device plugin: a running pod holds the whole of
+// GPU 1, another 20 GiB and 25 % of GPU 2; tessera-scheduler runs with
+// the shipped (standalone) configuration.
+type draNode struct {
+	c              *cluster
+	inv            *gpu.NodeInventory
+	d              *dra.Driver
+	plugin, cdiDir string
+	// scheduler is the profile submit's pods name (tessera-scheduler).
+	scheduler string
+}
+
+func startDRANode(t *testing.T) *draNode {
 	c := startCluster(t)
 	c.registerNode("n1")
 	inv := nodeInventory(gpuNode{name: "n1", gpus: 3, memMi: 81920})
@@ -103,6 +107,78 @@ func TestDRAClaimsThroughTheRealParts(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.startScheduler("")
+	return &draNode{c: c, inv: inv, d: d, plugin: plugin, cdiDir: cdiDir, scheduler: tesseraScheduler}
+}
+
+// submit creates a claim of the chart's gpu.tessera.dev class asking
+// capacity, and a pod of n.scheduler that uses it.
+func (n *draNode) submit(t *testing.T, name string, capacity map[resourceapi.QualifiedName]string) {
+	t.Helper()
+	c := n.c
+	req := &resourceapi.ExactDeviceRequest{DeviceClassName: dra.DriverName, Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{}}}
+	for k, v := range capacity {
+		req.Capacity.Requests[k] = resource.MustParse(v)
+	}
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: req}}}}}
+	if _, err := c.client.ResourceV1().ResourceClaims("default").Create(c.ctx, claim, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		Spec: v1.PodSpec{SchedulerName: n.scheduler, ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim.Name}},
+			Containers: []v1.Container{{Name: "main", Image: "busybox", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}}}}
+	if _, err := c.client.CoreV1().Pods("default").Create(c.ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// allocatedDevice is the device claim name's allocation took, "" while it
+// has none.
+func (n *draNode) allocatedDevice(t *testing.T, name string) string {
+	t.Helper()
+	claim, err := n.c.client.ResourceV1().ResourceClaims("default").Get(n.c.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := claim.Status.Allocation; a != nil && len(a.Devices.Results) == 1 {
+		return a.Devices.Results[0].Device
+	}
+	return ""
+}
+
+// TestDRAFirstFitUpstream is TestDRAClaimsThroughTheRealParts's control:
+// the same node and claims, their pods scheduled by the standalone
+// configuration's default-scheduler profile, where upstream's
+// DynamicResources allocates. The slice takes GPU 0, the first device
+// that fits, and the whole GPU then fits nowhere.
+func TestDRAFirstFitUpstream(t *testing.T) {
+	n := startDRANode(t)
+	n.scheduler = "default-scheduler"
+	n.submit(t, "slice", map[resourceapi.QualifiedName]string{"memory": "10Gi", "cores": "25"})
+	n.c.waitBound("default", []string{"slice"}, 60*time.Second)
+	if got := n.allocatedDevice(t, "slice"); got != "gpu-0" {
+		t.Errorf("upstream's first fit put the slice on %q; want gpu-0", got)
+	}
+	n.submit(t, "whole", map[resourceapi.QualifiedName]string{"cores": "100"})
+	if err := wait.PollUntilContextTimeout(n.c.ctx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return strings.Contains(n.c.unschedulableMessage("default", "whole"), "cannot allocate all claims"), nil
+	}); err != nil {
+		t.Errorf("the whole-GPU pod after first fit: %q; want it unschedulable", n.c.unschedulableMessage("default", "whole"))
+	}
+}
+
+// TestDRAClaimsThroughTheRealParts: the agent's DRA driver publishes its
+// node's ResourceSlice to the real API server (which validates its
+// capacities, request policies and taints), tessera-scheduler as shipped
+// allocates claims of the chart's DeviceClass on it (TesseraGPU, with
+// upstream's DynamicResources disabled in its profile) on the GPU the
+// gradient ranks first, and binds their pods, and
+// kubelet's DRA manager has the driver prepare them: each container gets
+// the CDI device whose spec holds exactly what its claim consumed, on
+// the GPU the slice left room on.
+func TestDRAClaimsThroughTheRealParts(t *testing.T) {
+	n := startDRANode(t)
+	c, inv, d, plugin, cdiDir := n.c, n.inv, n.d, n.plugin, n.cdiDir
 	c.createPod("default", podSpec{name: "plugin-pod", gpus: 1})
 	if err := wait.PollUntilContextTimeout(c.ctx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
 		return strings.Contains(c.unschedulableMessage("default", "plugin-pod"), "the node serves DRA claims; ask there with a ResourceClaim"), nil
@@ -110,34 +186,13 @@ func TestDRAClaimsThroughTheRealParts(t *testing.T) {
 		t.Errorf("a tessera.dev/gpu pod on the only (DRA) node: %q; want it refused for serving DRA", c.unschedulableMessage("default", "plugin-pod"))
 	}
 	// The slice first: upstream's allocator alone takes the first device
-	// that fits, GPU 0, and the whole GPU then finds none; TesseraGPU
-	// ranks GPU 2, the one already shared, first, and keeps GPU 0 whole.
-	for _, tc := range []struct {
-		name     string
-		capacity map[resourceapi.QualifiedName]string
-	}{
-		{"slice", map[resourceapi.QualifiedName]string{"memory": "10Gi", "cores": "25"}},
-		// Every core: only GPU 0 has them all.
-		{"whole", map[resourceapi.QualifiedName]string{"cores": "100"}},
-	} {
-		name, capacity := tc.name, tc.capacity
-		req := &resourceapi.ExactDeviceRequest{DeviceClassName: dra.DriverName, Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{}}}
-		for k, v := range capacity {
-			req.Capacity.Requests[k] = resource.MustParse(v)
-		}
-		claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
-			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: req}}}}}
-		if _, err := c.client.ResourceV1().ResourceClaims("default").Create(c.ctx, claim, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
-			Spec: v1.PodSpec{SchedulerName: tesseraScheduler, ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim.Name}},
-				Containers: []v1.Container{{Name: "main", Image: "busybox", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}}}}
-		if _, err := c.client.CoreV1().Pods("default").Create(c.ctx, pod, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		c.waitBound("default", []string{name}, 60*time.Second)
-	}
+	// that fits, GPU 0, and the whole GPU then finds none
+	// (TestDRAFirstFitUpstream); TesseraGPU ranks GPU 2, the one already
+	// shared, first, and keeps GPU 0 whole.
+	n.submit(t, "slice", map[resourceapi.QualifiedName]string{"memory": "10Gi", "cores": "25"})
+	c.waitBound("default", []string{"slice"}, 60*time.Second)
+	// Every core: only GPU 0 has them all.
+	n.submit(t, "whole", map[resourceapi.QualifiedName]string{"cores": "100"})
 	bound := c.waitBound("default", []string{"slice", "whole"}, 60*time.Second)
 
 	m, err := kubeletdra.NewManager(klog.Background(), c.client, t.TempDir())
