@@ -76,6 +76,11 @@ type Config struct {
 	// reserved for that the agent knows and that cannot leave their slice
 	// (EscapesSlice).
 	Pods func(namespace, name string) *v1.Pod
+	// SchedulerNames are the scheduler profiles that run TesseraGPU
+	// (deviceplugin.DefaultSchedulerNames when empty): a claim reserved
+	// for a pod naming another scheduler is refused (ErrNotTesseraScheduled),
+	// checked where Pods is set.
+	SchedulerNames []string
 	// Booked, when set, gives the assignments of this node's pods placed
 	// through the device plugin that still hold GPUs: a claim is checked
 	// against them and the claims prepared before it.
@@ -328,7 +333,21 @@ func assignmentOn(inv *gpu.NodeInventory, node, claim string, devices []allocate
 // guarded host path): the claim is not prepared, so the pod does not start.
 var ErrLeavesSlice = errors.New("a pod the claim is reserved for could leave its GPU slice")
 
-// podsKeepTheirSlice checks every pod the claim is reserved for.
+// ErrNotTesseraScheduled says a pod a claim is reserved for names a
+// scheduler that does not run TesseraGPU: another allocator chose its
+// GPU (first fit, from its own view of what is free), so the claim is not
+// prepared.
+var ErrNotTesseraScheduled = errors.New("a pod the claim is reserved for was not scheduled by a Tessera profile")
+
+func (d *Driver) schedulers() []string {
+	if len(d.cfg.SchedulerNames) == 0 {
+		return deviceplugin.DefaultSchedulerNames
+	}
+	return d.cfg.SchedulerNames
+}
+
+// podsKeepTheirSlice checks every pod the claim is reserved for: known
+// to the agent, scheduled by a Tessera profile, unable to leave its slice.
 func (d *Driver) podsKeepTheirSlice(c *resourceapi.ResourceClaim) error {
 	if d.cfg.Pods == nil {
 		return nil
@@ -340,6 +359,10 @@ func (d *Driver) podsKeepTheirSlice(c *resourceapi.ResourceClaim) error {
 		p := d.cfg.Pods(c.Namespace, r.Name)
 		if p == nil || p.UID != r.UID {
 			return fmt.Errorf("pod %s/%s, which the claim is reserved for, is not known to this node's agent yet; kubelet retries", c.Namespace, r.Name)
+		}
+		if !slices.Contains(d.schedulers(), p.Spec.SchedulerName) {
+			return fmt.Errorf("%w: pod %s/%s names spec.schedulerName %q; set it to %s, which places gpu.tessera.dev claims on the GPU the fragmentation gradient picks and counts them with the device plugin's pods",
+				ErrNotTesseraScheduled, c.Namespace, r.Name, p.Spec.SchedulerName, strings.Join(d.schedulers(), " or "))
 		}
 		if why := EscapesSlice(p); len(why) > 0 {
 			return fmt.Errorf("%w: pod %s/%s: %s; remove them (the same rules as the admission policy tessera-gpu-pod-limits)", ErrLeavesSlice, c.Namespace, r.Name, strings.Join(why, "; "))

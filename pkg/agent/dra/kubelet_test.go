@@ -278,11 +278,12 @@ func (n *node) release(c *resourceapi.ResourceClaim) {
 	n.claims = slices.DeleteFunc(n.claims, func(x *resourceapi.ResourceClaim) bool { return x.UID == c.UID })
 }
 
-// pod is a pod holding claim c, reserved for it, the claim stored.
+// pod is a pod of tessera-scheduler holding claim c, reserved for it,
+// the claim stored.
 func (n *node) pod(c *resourceapi.ResourceClaim) *v1.Pod {
 	n.t.Helper()
 	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pod-" + c.Name, Namespace: "default", UID: types.UID("pod-uid-" + c.Name)},
-		Spec: v1.PodSpec{NodeName: "node-a", ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To(c.Name)}},
+		Spec: v1.PodSpec{NodeName: "node-a", SchedulerName: "tessera-scheduler", ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To(c.Name)}},
 			Containers: []v1.Container{{Name: "main", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}}}}
 	c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: p.Name, UID: p.UID}}
 	if _, err := n.client.ResourceV1().ResourceClaims("default").Create(n.ctx, c, metav1.CreateOptions{}); err != nil {
@@ -693,6 +694,28 @@ func TestPodThatWouldLeaveItsSlice(t *testing.T) {
 	n.podsMu.Unlock()
 	if err := n.manager.PrepareResources(n.ctx, q); err == nil || !strings.Contains(err.Error(), "not known to this node's agent yet") {
 		t.Fatalf("a pod the agent does not know: %v", err)
+	}
+}
+
+// TestPodOfAnotherScheduler: a claim reserved for a pod that names a
+// scheduler without TesseraGPU is refused, saying which to name: another
+// allocator chose its GPU from its own view.
+func TestPodOfAnotherScheduler(t *testing.T) {
+	n := startNode(t)
+	c := n.claim("elsewhere", map[resourceapi.QualifiedName]string{"memory": "2Gi", "cores": "10"})
+	p := n.pod(c)
+	n.podsMu.Lock()
+	p.Spec.SchedulerName = "default-scheduler"
+	n.podsMu.Unlock()
+	err := n.manager.PrepareResources(n.ctx, p)
+	if err == nil || !strings.Contains(err.Error(), `names spec.schedulerName "default-scheduler"; set it to tessera-scheduler`) {
+		t.Fatalf("a default-scheduler pod's claim: %v; want it refused naming the scheduler to use", err)
+	}
+	if got := testutil.ToFloat64(n.driver.refusals.WithLabelValues("node-a", "not-tessera-scheduled")); got != 1 {
+		t.Errorf("tessera_dra_prepare_refusals_total{reason=not-tessera-scheduled} = %v, want 1", got)
+	}
+	if _, err := os.Stat(SpecPath(n.cfg.CDIDir, c.UID)); !os.IsNotExist(err) {
+		t.Errorf("a spec was written: %v", err)
 	}
 }
 

@@ -11,10 +11,11 @@ const (
 	refusedNoCapacity    = "no-capacity"
 	refusedOvercommitted = "overcommitted"
 	refusedLeavesSlice   = "pod-leaves-slice"
+	refusedNotTessera    = "not-tessera-scheduled"
 	refusedOther         = "other"
 )
 
-var refusalReasons = []string{refusedNoCapacity, refusedOvercommitted, refusedLeavesSlice, refusedOther}
+var refusalReasons = []string{refusedNoCapacity, refusedOvercommitted, refusedLeavesSlice, refusedNotTessera, refusedOther}
 
 // refusalReason classifies why a claim was refused.
 func refusalReason(err error) string {
@@ -25,6 +26,8 @@ func refusalReason(err error) string {
 		return refusedOvercommitted
 	case errors.Is(err, ErrLeavesSlice):
 		return refusedLeavesSlice
+	case errors.Is(err, ErrNotTesseraScheduled):
+		return refusedNotTessera
 	}
 	return refusedOther
 }
@@ -35,7 +38,7 @@ func refusalReason(err error) string {
 func (d *Driver) newMetrics() {
 	d.refusals = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tessera_dra_prepare_refusals_total",
-		Help: "Claims of the gpu.tessera.dev driver the node's agent refused to prepare, by reason: no-capacity (the allocation says not what it consumed), overcommitted (more than the GPU has, counting what it holds), pod-leaves-slice (a pod it is reserved for could leave its slice), other.",
+		Help: "Claims of the gpu.tessera.dev driver the node's agent refused to prepare, by reason: no-capacity (the allocation says not what it consumed), overcommitted (more than the GPU has, counting what it holds), pod-leaves-slice (a pod it is reserved for could leave its slice), not-tessera-scheduled (a pod it is reserved for names a scheduler without TesseraGPU), other.",
 	}, []string{"node", "reason"})
 	for _, r := range refusalReasons {
 		d.refusals.WithLabelValues(d.cfg.Node, r)
