@@ -58,12 +58,31 @@ const claimsKey fwk.StateKey = Name + "/claims"
 
 // claimCycle is what PreFilter learned of a pod's claims.
 type claimCycle struct {
-	// scores is each ranked node's gradient score for the pod's
-	// gpu.tessera.dev device.
+	// req is the pod's first gpu.tessera.dev request still to allocate
+	// (nil: none), and alloc the allocator it was ranked with.
+	req   *allocator.Request
+	alloc *allocator.Allocator
+	// bases are the DRA nodes ranked, with what the device plugin's pods
+	// hold and without claims; views add every allocated and in-flight
+	// claim.
+	bases, views map[string]*allocator.Node
+	// scores is each node's gradient score for req where it fits.
 	scores map[string]float64
+	// nominated are the requests of claim pods nominated to a node that
+	// the framework asks Filter to count as placed there (AddPod).
+	nominated map[string][]nominatedPod
 }
 
-func (c *claimCycle) Clone() fwk.StateData { return c }
+// Clone shares all but the nominated pods, which the framework adds to a
+// clone.
+func (c *claimCycle) Clone() fwk.StateData {
+	d := *c
+	d.nominated = make(map[string][]nominatedPod, len(c.nominated))
+	for k, v := range c.nominated {
+		d.nominated[k] = append([]nominatedPod(nil), v...)
+	}
+	return &d
+}
 
 func readClaims(state fwk.CycleState) *claimCycle {
 	d, err := state.Read(claimsKey)
@@ -171,10 +190,10 @@ func (c *claimPlacer) wants(pod *v1.Pod) bool { return c != nil && len(pod.Spec.
 // gpu.tessera.dev request that is still to be allocated, then has inner
 // prepare the cycle's allocator over that ranking.
 func (c *claimPlacer) preFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo, alloc *allocator.Allocator, snapshot func(node string) *allocator.Node, oversub float64) (*fwk.PreFilterResult, *fwk.Status) {
-	cycle := &claimCycle{}
+	cycle := &claimCycle{req: c.request(pod), alloc: alloc}
 	var ranks map[string]map[string]int
-	if req := c.request(pod); req != nil {
-		ranks, cycle.scores = c.rank(klog.FromContext(ctx), req, alloc, snapshot, oversub)
+	if cycle.req != nil {
+		ranks = c.rank(klog.FromContext(ctx), cycle, snapshot, oversub)
 	}
 	c.ranks.Store(&ranks)
 	res, st := c.inner.PreFilter(ctx, state, pod, nodes)
@@ -248,44 +267,50 @@ func ClaimRequest(r *resourceapi.ExactDeviceRequest) (*allocator.Request, bool) 
 }
 
 // rank orders the GPUs of every node with a gpu.tessera.dev ResourceSlice
-// that the cache has an inventory of, counting the claims allocated there
-// (and those in flight) on top of what the cache books: the device
-// names by rank per pool, and each node's best score.
-func (c *claimPlacer) rank(logger klog.Logger, req *allocator.Request, alloc *allocator.Allocator, snapshot func(node string) *allocator.Node, oversub float64) (map[string]map[string]int, map[string]float64) {
+// that the cache has an inventory of for cycle.req, counting the claims
+// allocated there (and those in flight) on top of what the cache books:
+// the device names by rank per pool. It fills the cycle's nodes and
+// scores.
+func (c *claimPlacer) rank(logger klog.Logger, cycle *claimCycle, snapshot func(node string) *allocator.Node, oversub float64) map[string]map[string]int {
 	all, err := c.slices.ListWithDeviceTaintRules()
 	if err != nil {
 		logger.Error(err, "ResourceSlices unreadable: claims are allocated first fit this cycle")
-		return nil, nil
+		return nil
 	}
-	nodes := map[string]*allocator.Node{}
+	bases := map[string]*allocator.Node{}
 	for _, s := range all {
 		if s.Spec.Driver != gpu.DRADriver || s.Spec.NodeName == nil || *s.Spec.NodeName != s.Spec.Pool.Name {
 			continue
 		}
-		n, seen := nodes[s.Spec.Pool.Name]
+		n, seen := bases[s.Spec.Pool.Name]
 		if !seen {
 			if n = snapshot(s.Spec.Pool.Name); n == nil {
 				continue
 			}
-			nodes[s.Spec.Pool.Name] = n
+			n.DRA = false // claims are what it serves
+			bases[s.Spec.Pool.Name] = n
 		}
 		heldOutsideClaims(n, s, oversub)
 	}
-	if len(nodes) == 0 {
-		return nil, nil
+	if len(bases) == 0 {
+		return nil
 	}
 	claims, err := c.claims.List()
 	if err != nil {
 		logger.Error(err, "ResourceClaims unreadable: claims are allocated first fit this cycle")
-		return nil, nil
+		return nil
+	}
+	views := make(map[string]*allocator.Node, len(bases))
+	for name, n := range bases {
+		views[name] = n.Clone()
 	}
 	for _, claim := range claims {
-		occupy(nodes, claim)
+		occupy(views, claim)
 	}
-	ranks := make(map[string]map[string]int, len(nodes))
-	scores := make(map[string]float64, len(nodes))
-	for name, n := range nodes {
-		order, score, ok := alloc.Rank(n, req)
+	ranks := make(map[string]map[string]int, len(views))
+	scores := make(map[string]float64, len(views))
+	for name, n := range views {
+		order, score, ok := cycle.alloc.Rank(n, cycle.req)
 		rank := make(map[string]int, len(order))
 		for r, i := range order {
 			rank[gpu.DRADeviceName(n.GPUs[i].Index)] = r
@@ -295,7 +320,8 @@ func (c *claimPlacer) rank(logger klog.Logger, req *allocator.Request, alloc *al
 			scores[name] = score
 		}
 	}
-	return ranks, scores
+	cycle.bases, cycle.views, cycle.scores = bases, views, scores
+	return ranks
 }
 
 // heldOutsideClaims counts on n what the driver's slice s says its GPUs
@@ -333,11 +359,27 @@ func heldOutsideClaims(n *allocator.Node, s *resourceapi.ResourceSlice, oversub 
 }
 
 // occupy counts what an allocated claim's gpu.tessera.dev devices hold
-// on the nodes ranked, as the driver prepares them (gpu.ClaimGrant).
+// on the nodes given, as the driver prepares them (gpu.ClaimGrant).
 func occupy(nodes map[string]*allocator.Node, claim *resourceapi.ResourceClaim) {
-	if claim.Status.Allocation == nil {
-		return
+	for node, grants := range claimGrants(nodes, claim) {
+		for _, g := range grants {
+			nodes[node].Occupy(g.grant.UUID, g.grant.MemoryMiB, g.grant.CoresPerMille, g.mode)
+		}
 	}
+}
+
+type claimGrant struct {
+	mode  gpu.SharingMode
+	grant gpu.GPUGrant
+}
+
+// claimGrants is what an allocated claim's gpu.tessera.dev devices on the
+// nodes given hold, per node.
+func claimGrants(nodes map[string]*allocator.Node, claim *resourceapi.ResourceClaim) map[string][]claimGrant {
+	if claim.Status.Allocation == nil {
+		return nil
+	}
+	var out map[string][]claimGrant
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		n, ok := nodes[r.Pool]
 		if r.Driver != gpu.DRADriver || !ok {
@@ -363,8 +405,12 @@ func occupy(nodes map[string]*allocator.Node, claim *resourceapi.ResourceClaim) 
 			cores = 100
 		}
 		mode, grant := gpu.ClaimGrant(gpu.Device{UUID: g.UUID, Index: g.Index, MemoryMiB: g.MemoryMiB, MPSCapable: g.MPS}, mem, cores)
-		n.Occupy(g.UUID, grant.MemoryMiB, grant.CoresPerMille, mode)
+		if out == nil {
+			out = map[string][]claimGrant{}
+		}
+		out[r.Pool] = append(out[r.Pool], claimGrant{mode: mode, grant: grant})
 	}
+	return out
 }
 
 // PreEnqueue holds a pod back until the claims it names exist, as

@@ -2,14 +2,19 @@ package scheduler
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
+	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 )
 
@@ -134,5 +139,76 @@ func TestRankDevicesCopies(t *testing.T) {
 	}
 	if out[1] != theirs {
 		t.Error("another driver's slice was copied or reordered")
+	}
+}
+
+func allocatedClaim(name, device string, cores int64, holders ...string) *resourceapi.ResourceClaim {
+	share := types.UID("share-" + name)
+	c := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ml"},
+		Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{
+			Results: []resourceapi.DeviceRequestAllocationResult{{Driver: gpu.DRADriver, Pool: "n1", Device: device, ShareID: &share,
+				ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{gpu.DRAMemory: resource.MustParse("8Gi"), gpu.DRACores: *resource.NewQuantity(cores, resource.DecimalSI)}}}}}}}
+	for _, h := range holders {
+		c.Status.ReservedFor = append(c.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: h, UID: types.UID(h)})
+	}
+	return c
+}
+
+// TestClaimHolders: each pod holding claims alone is a candidate with
+// its claims' grants; a shared claim stays counted with no candidate; a
+// claim no pod holds any more (being deallocated) counts as gone.
+func TestClaimHolders(t *testing.T) {
+	base := draNode(t)
+	claims := []*resourceapi.ResourceClaim{
+		allocatedClaim("a", "gpu-0", 100, "pod-a"),
+		allocatedClaim("a2", "gpu-1", 25, "pod-a"),
+		allocatedClaim("shared", "gpu-1", 50, "pod-b", "pod-c"),
+		allocatedClaim("leaving", "gpu-2", 100),
+	}
+	podOf := func(ns, name string, uid types.UID) *v1.Pod {
+		return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: uid}, Spec: v1.PodSpec{NodeName: "n1"}}
+	}
+	usage, bound := claimHolders("n1", base, claims, podOf)
+	if len(bound) != 1 || bound[0].pod.Name != "pod-a" || len(bound[0].assignment.Containers) != 2 {
+		t.Fatalf("candidates %+v; want pod-a with both its claims", bound)
+	}
+	if got := []int{usage.GPUs[0].CoresUsed(), usage.GPUs[1].CoresUsed(), usage.GPUs[2].CoresUsed()}; !slices.Equal(got, []int{1000, 750, 0}) {
+		t.Errorf("cores counted per GPU: %v; want [1000 750 0]", got)
+	}
+	if base.GPUs[0].CoresUsed() != 0 {
+		t.Error("claimHolders changed the base node")
+	}
+	// What planPreemption does with the candidate: release it, and a
+	// whole GPU fits GPU 0 again.
+	usage.RemoveAssignment(bound[0].assignment, 0, 0)
+	if got := []int{usage.GPUs[0].CoresUsed(), usage.GPUs[1].CoresUsed()}; !slices.Equal(got, []int{0, 500}) {
+		t.Errorf("after releasing pod-a: %v; want [0 500]", got)
+	}
+}
+
+// TestHeldForNominated: what a nominated preemptor would take is kept
+// from a pod filtered after it, once the preemptor fits.
+func TestHeldForNominated(t *testing.T) {
+	a, err := allocator.New(&config.Default().Allocator, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wholeGPU := &allocator.Request{Sharing: gpu.ModeAuto, Containers: []allocator.Container{{Name: "claim", Count: 1, Whole: true}}}
+	view := draNode(t)
+	view.Occupy(view.GPUs[1].UUID, 81920, 1000, gpu.ModeExclusive)
+	view.Occupy(view.GPUs[2].UUID, 81920, 1000, gpu.ModeExclusive)
+	c := &claimCycle{req: wholeGPU, alloc: a, views: map[string]*allocator.Node{"n1": view}}
+	if st := heldForNominated(c, "n1"); st != nil {
+		t.Fatalf("no one nominated: %v", st)
+	}
+	c.nominated = map[string][]nominatedPod{"n1": {{uid: "pre", req: wholeGPU}}}
+	if st := heldForNominated(c, "n1"); st == nil || st.Code() != fwk.Unschedulable || !strings.Contains(st.Message(), "held for a preemptor") {
+		t.Errorf("GPU 0 freed for a nominated preemptor: %v; want it held", st)
+	}
+	// A preemptor that does not fit yet (its victims still hold the GPU)
+	// holds nothing.
+	view.Occupy(view.GPUs[0].UUID, 81920, 1000, gpu.ModeExclusive)
+	if st := heldForNominated(c, "n1"); st != nil {
+		t.Errorf("victims still there: %v; want nothing held", st)
 	}
 }

@@ -21,12 +21,22 @@ import (
 func (p *Plugin) Filter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
 	s := readState(state)
 	if s == nil && readClaims(state) != nil {
-		return p.claims.inner.Filter(ctx, state, pod, nodeInfo)
+		return p.filterClaims(ctx, state, pod, nodeInfo)
 	}
 	if st := p.filterGPU(ctx, s, pod, nodeInfo); st != nil || !s.claims {
 		return st
 	}
-	return p.claims.inner.Filter(ctx, state, pod, nodeInfo)
+	return p.filterClaims(ctx, state, pod, nodeInfo)
+}
+
+// filterClaims is Filter for the pod's claims: what preemptors nominated
+// to the node hold (claimpreempt.go), then upstream's allocator.
+func (p *Plugin) filterClaims(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
+	c, node := readClaims(state), nodeInfo.Node().Name
+	if st := heldForNominated(c, node); st != nil {
+		return st
+	}
+	return preemptible(c, node, p.claims.inner.Filter(ctx, state, pod, nodeInfo))
 }
 
 // filterGPU is Filter for the pod's device-plugin GPUs.

@@ -22,6 +22,9 @@ func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return p }
 func (p *Plugin) AddPod(_ context.Context, state fwk.CycleState, _ *v1.Pod, podInfo fwk.PodInfo, nodeInfo fwk.NodeInfo) *fwk.Status {
 	s := readState(state)
 	q := podInfo.GetPod()
+	if c := readClaims(state); c != nil {
+		p.addNominatedClaimPod(c, q, nodeInfo.Node().Name)
+	}
 	if s == nil || !podgpu.WantsGPU(q) || q.Spec.NodeName != "" {
 		// A bound pod is already in the cache's view of the node.
 		return nil
@@ -40,19 +43,23 @@ func (p *Plugin) AddPod(_ context.Context, state fwk.CycleState, _ *v1.Pod, podI
 
 // RemovePod undoes AddPod for a nominated pod.
 func (p *Plugin) RemovePod(_ context.Context, state fwk.CycleState, _ *v1.Pod, podInfo fwk.PodInfo, nodeInfo fwk.NodeInfo) *fwk.Status {
-	s := readState(state)
-	if s == nil {
-		return nil
-	}
 	name, uid := nodeInfo.Node().Name, string(podInfo.GetPod().UID)
-	list := s.nominated[name]
-	for i := range list {
-		if list[i].uid == uid {
-			s.nominated[name] = append(list[:i:i], list[i+1:]...)
-			break
-		}
+	if s := readState(state); s != nil && s.nominated != nil {
+		s.nominated[name] = withoutNominated(s.nominated[name], uid)
+	}
+	if c := readClaims(state); c != nil && c.nominated != nil {
+		c.nominated[name] = withoutNominated(c.nominated[name], uid)
 	}
 	return nil
+}
+
+func withoutNominated(list []nominatedPod, uid string) []nominatedPod {
+	for i := range list {
+		if list[i].uid == uid {
+			return append(list[:i:i], list[i+1:]...)
+		}
+	}
+	return list
 }
 
 // nominatedPod is a preemptor waiting for a node.

@@ -28,7 +28,8 @@ import (
 // free GPU fragment anywhere and how many nodes were short of what.
 func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, statuses fwk.NodeToStatusReader) (*fwk.PostFilterResult, *fwk.Status) {
 	defer observe("PostFilter", time.Now())
-	if readClaims(state) != nil {
+	c := readClaims(state)
+	if c != nil {
 		// Claims the cycle allocated but did not reserve go back, as
 		// upstream's DynamicResources does.
 		if _, st := p.claims.inner.PostFilter(ctx, state, pod, statuses); st.Code() == fwk.Error {
@@ -37,6 +38,9 @@ func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.P
 	}
 	s := readState(state)
 	if s == nil {
+		if c != nil && c.req != nil {
+			return p.preemptForClaims(ctx, c, pod, statuses)
+		}
 		return nil, fwk.NewStatus(fwk.Unschedulable)
 	}
 	p.accountExcluded(s)

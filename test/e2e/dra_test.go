@@ -19,6 +19,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/agent/dra"
 	"github.com/tessera-gpu/tessera/pkg/playground"
+	"github.com/tessera-gpu/tessera/pkg/preemption"
 	"github.com/tessera-gpu/tessera/pkg/top"
 )
 
@@ -152,5 +153,53 @@ func TestDRANode(t *testing.T) {
 		return apierrors.IsNotFound(err) || (err == nil && got.Status.Allocation == nil), nil
 	}); err != nil {
 		t.Errorf("the templated pod's claim %s stayed allocated after the pod: %v", generated, err)
+	}
+}
+
+// claimPod is a pod of tessera-scheduler at a priority class holding its
+// own claim of the chart's gpu.tessera.dev class, which asks no capacity:
+// a whole GPU.
+func claimPod(t *testing.T, c *playground.Cluster, ns, name, class string, ann map[string]string) *v1.Pod {
+	t.Helper()
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpu",
+			Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: dra.DriverName}}}}}}
+	if _, err := c.Client.CoreV1().Namespaces().Create(context.Background(), &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	if _, err := c.Client.ResourceV1().ResourceClaims(ns).Create(context.Background(), claim, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return create(t, c.Client, &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Annotations: ann},
+		Spec: v1.PodSpec{SchedulerName: "tessera-scheduler", PriorityClassName: class, ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim.Name}},
+			Containers: []v1.Container{{Name: "main", Image: "registry.example/train", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}}}})
+}
+
+// TestDRAPreemption: a pod whose gpu.tessera.dev claim fits nowhere
+// preempts a lower-priority claim holder, which upstream's scheduler
+// cannot do in Kubernetes 1.37: the victim gets its notice, is stopped at
+// its deadline, its claim is deallocated by the ResourceClaim controller,
+// and the preemptor's claim is allocated that GPU and prepared.
+func TestDRAPreemption(t *testing.T) {
+	c, _ := up(t, playground.Options{Nodes: 1, GPUsPerNode: 1, Model: "h100", DRANodes: 1})
+	const ns = "drapreempt"
+	claimPod(t, c, ns, "low", "gpu-standard", map[string]string{preemption.AnnotationGrace: "2s"})
+	waitRunning(t, c.Client, ns, []string{"low"}, time.Minute)
+	start := time.Now()
+	claimPod(t, c, ns, "high", "gpu-critical", nil)
+	took := runningAfter(t, c.Client, ns, "high", start, time.Minute)
+	t.Logf("claim preemption: preemptor Running %v after creation (victim's grace 2 s)", took.Round(time.Millisecond))
+	if ev := events(t, c.Client, ns, "low"); !hasAll(ev, "PreemptionNotice") {
+		t.Errorf("victim events %v; want its PreemptionNotice", ev)
+	}
+	if p := get(t, c.Client, ns, "low"); p != nil && p.DeletionTimestamp == nil {
+		t.Errorf("the victim is still there: %s", p.Status.Phase)
+	}
+	got, err := c.Client.ResourceV1().ResourceClaims(ns).Get(context.Background(), "high", metav1.GetOptions{})
+	if err != nil || got.Status.Allocation == nil || len(got.Status.Allocation.Devices.Results) != 1 || got.Status.Allocation.Devices.Results[0].Device != "gpu-0" {
+		t.Fatalf("the preemptor's claim: %+v (%v); want it allocated gpu-0", got.Status.Allocation, err)
+	}
+	if _, err := os.Stat(dra.SpecPath(c.Nodes[0].CDIDir, got.UID)); err != nil {
+		t.Errorf("the preemptor's claim was not prepared: %v", err)
 	}
 }
