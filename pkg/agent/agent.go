@@ -353,7 +353,7 @@ func New(opts Options) (*Agent, error) {
 	a.plugin = deviceplugin.New(dpc)
 	if opts.DRA.Mode != "" && opts.DRA.Mode != DRANever {
 		dc := dra.Config{Node: opts.Node, CDIDir: opts.CDIDir, StateDir: opts.DRA.PluginDir, Inventory: a.pub, PipeDir: pipe, Shim: a.shim,
-			MemoryOversubscription: cfg.Allocator.MemoryOversubscription, Booked: a.bookedByDevicePlugin, Pods: opts.Pods, SchedulerNames: opts.SchedulerNames}
+			MemoryOversubscription: cfg.Allocator.MemoryOversubscription, Booked: a.bookedByDevicePlugin, Pods: opts.Pods, SchedulerNames: opts.SchedulerNames, NoticeDir: noticeDir}
 		if dc.StateDir == "" {
 			dc.StateDir = dra.DefaultPluginDir
 		}

@@ -184,9 +184,25 @@ func TestDRAPreemption(t *testing.T) {
 	c, _ := up(t, playground.Options{Nodes: 1, GPUsPerNode: 1, Model: "h100", DRANodes: 1})
 	const ns = "drapreempt"
 	claimPod(t, c, ns, "low", "gpu-standard", map[string]string{preemption.AnnotationGrace: "2s"})
-	waitRunning(t, c.Client, ns, []string{"low"}, time.Minute)
+	low := waitRunning(t, c.Client, ns, []string{"low"}, time.Minute)["low"]
+	lowClaim, err := c.Client.ResourceV1().ResourceClaims(ns).Get(context.Background(), "low", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The soft level: the claim's spec gives the pod its notice
+	// directory, where the agent writes the notice.
+	noticeDir := filepath.Join(filepath.Dir(c.Nodes[0].CDIDir), "preemption", string(low.UID))
+	if b, err := os.ReadFile(dra.SpecPath(c.Nodes[0].CDIDir, lowClaim.UID)); err != nil || !strings.Contains(string(b), noticeDir) {
+		t.Errorf("the victim's claim spec does not mount its notice directory %s: %v", noticeDir, err)
+	}
 	start := time.Now()
 	claimPod(t, c, ns, "high", "gpu-critical", nil)
+	if err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		_, err := os.Stat(filepath.Join(noticeDir, preemption.NoticeFile))
+		return err == nil, nil
+	}); err != nil {
+		t.Errorf("the agent wrote no notice into the victim's notice directory: %v", err)
+	}
 	took := runningAfter(t, c.Client, ns, "high", start, time.Minute)
 	t.Logf("claim preemption: preemptor Running %v after creation (victim's grace 2 s)", took.Round(time.Millisecond))
 	if ev := events(t, c.Client, ns, "low"); !hasAll(ev, "PreemptionNotice") {

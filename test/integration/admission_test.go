@@ -338,6 +338,12 @@ func TestAdmissionPolicies(t *testing.T) {
 		{"gpu-batch anywhere", "alice", create(withPod("batch", func(p *v1.Pod) { p.Spec.PriorityClassName = "gpu-batch" })), "", ""},
 		{"system-node-critical for a GPU pod", "alice", create(withPod("sys-critical", func(p *v1.Pod) { p.Spec.PriorityClassName = "system-node-critical" })),
 			"tessera-gpu-priority", "GPU pod uses priority class system-node-critical outside kube-system"},
+		{"system-node-critical for a pod with a ResourceClaim", "alice", create(withPod("sys-critical-claim", func(p *v1.Pod) {
+			p.Spec.PriorityClassName = "system-node-critical"
+			p.Spec.Containers[0].Resources.Limits = nil
+			p.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: func() *string { s := "gpu-slice"; return &s }()}}
+			p.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
+		})), "tessera-gpu-priority", "GPU pod uses priority class system-node-critical outside kube-system"},
 		{"system-cluster-critical for a pod asking no GPU", "alice", create(withPod("sys-critical-cpu", func(p *v1.Pod) {
 			p.Spec.PriorityClassName = "system-cluster-critical"
 			p.Spec.Containers[0].Resources.Limits = nil

@@ -24,6 +24,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent/shim"
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/preemption"
 )
 
 // CDIKind is the CDI vendor/class of prepared claims: a claim's containers
@@ -76,6 +77,10 @@ type Config struct {
 	// reserved for that the agent knows and that cannot leave their slice
 	// (EscapesSlice).
 	Pods func(namespace, name string) *v1.Pod
+	// NoticeDir, when set, gives the containers of a claim reserved for
+	// one pod that pod's preemption notice directory, as the device plugin
+	// gives GPU containers (the claim's spec is written for that pod).
+	NoticeDir deviceplugin.NoticeDir
 	// SchedulerNames are the scheduler profiles that run TesseraGPU
 	// (deviceplugin.DefaultSchedulerNames when empty): a claim reserved
 	// for a pod naming another scheduler is refused (ErrNotTesseraScheduled),
@@ -282,6 +287,15 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 			e.Mounts = append(e.Mounts, deviceplugin.Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, Options: []string{"rbind", opt}})
 		}
 	}
+	if pod, ok := onlyPod(c); ok && d.cfg.NoticeDir != nil {
+		// The preemption contract: the notice appears here, and the
+		// workload reports its checkpoint here.
+		dir := d.cfg.NoticeDir(string(pod))
+		if err := os.MkdirAll(dir, 0o777); err != nil {
+			return nil, fmt.Errorf("preemption notice directory: %w", err)
+		}
+		e.Mounts = append(e.Mounts, deviceplugin.Mount{HostPath: dir, ContainerPath: preemption.ContainerDir, Options: []string{"rbind", "rw"}})
+	}
 	if err := deviceplugin.WriteDeviceSpec(SpecPath(d.cfg.CDIDir, c.UID), CDIKind, string(c.UID), e); err != nil {
 		return nil, fmt.Errorf("writing the claim's CDI spec: %w", err)
 	}
@@ -291,6 +305,19 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 	}
 	klog.FromContext(ctx).V(2).Info("Claim prepared", "mode", assignment.Mode, "gpus", uuids, "env", e.Env, "isolation", deviceplugin.IsolationValue(e.Guarantees))
 	return answer(rec), nil
+}
+
+// onlyPod is the UID of the one pod a claim is reserved for, false where
+// it is reserved for none or several.
+func onlyPod(c *resourceapi.ResourceClaim) (types.UID, bool) {
+	var uid types.UID
+	n := 0
+	for _, r := range c.Status.ReservedFor {
+		if r.APIGroup == "" && r.Resource == "pods" {
+			uid, n = r.UID, n+1
+		}
+	}
+	return uid, n == 1
 }
 
 // assignmentOn is the claim's devices as one container's assignment on

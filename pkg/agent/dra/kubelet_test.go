@@ -34,6 +34,7 @@ import (
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/pkg/agent/shim"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/preemption"
 )
 
 // staticInventory is a published inventory that tests change.
@@ -62,9 +63,11 @@ type node struct {
 	cfg      Config
 	plugin   string
 	shimRoot string
-	claims   []*resourceapi.ResourceClaim // allocated so far
-	podsMu   sync.Mutex
-	pods     map[string]*v1.Pod // the agent's view of the node's pods
+	// noticeRoot holds pods' preemption notice directories.
+	noticeRoot string
+	claims     []*resourceapi.ResourceClaim // allocated so far
+	podsMu     sync.Mutex
+	pods       map[string]*v1.Pod // the agent's view of the node's pods
 }
 
 type neverReady struct{}
@@ -93,9 +96,11 @@ func startNode(t *testing.T) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &node{t: t, ctx: ctx, client: client, inv: &staticInventory{inv: testInventory()}, plugin: plugin, shimRoot: shimRoot, pods: map[string]*v1.Pod{}}
+	n := &node{t: t, ctx: ctx, client: client, inv: &staticInventory{inv: testInventory()}, plugin: plugin, shimRoot: shimRoot, pods: map[string]*v1.Pod{},
+		noticeRoot: t.TempDir()}
 	n.cfg = Config{Node: "node-a", CDIDir: t.TempDir(), StateDir: plugin, Inventory: n.inv, Shim: sd,
-		PipeDir: func(uuid string) string { return "/run/tessera/mps/" + uuid + "/pipe" },
+		NoticeDir: func(podUID string) string { return filepath.Join(n.noticeRoot, podUID) },
+		PipeDir:   func(uuid string) string { return "/run/tessera/mps/" + uuid + "/pipe" },
 		Pods: func(ns, name string) *v1.Pod {
 			n.podsMu.Lock()
 			defer n.podsMu.Unlock()
@@ -394,6 +399,13 @@ func TestKubeletPreparesClaims(t *testing.T) {
 			}
 			if tc.shim != "" && !slices.ContainsFunc(edits.Mounts, func(m *specs.Mount) bool { return m.HostPath == limits && m.ContainerPath == shim.LimitsInContainer }) {
 				t.Errorf("the limits file is not mounted: %+v", edits.Mounts)
+			}
+			// Preemption's notice directory of the pod the claim is
+			// reserved for, where a claim holder preempted gets its notice.
+			notices := filepath.Join(n.noticeRoot, string(p.UID))
+			if st, err := os.Stat(notices); err != nil || !st.IsDir() ||
+				!slices.ContainsFunc(edits.Mounts, func(m *specs.Mount) bool { return m.HostPath == notices && m.ContainerPath == preemption.ContainerDir }) {
+				t.Errorf("the pod's notice directory is not mounted (%v): %+v", err, edits.Mounts)
 			}
 			if err := n.manager.UnprepareResources(n.ctx, p); err != nil {
 				t.Fatal(err)
