@@ -52,6 +52,7 @@ replays the events.`,
 	fs.IntVar(&opts.Nodes, "nodes", 3, "simulated GPU nodes")
 	fs.IntVar(&opts.GPUsPerNode, "gpus-per-node", 4, "GPUs per node (1–8)")
 	fs.IntVar(&opts.MPSNodes, "mps-nodes", 1, "nodes running their GPUs in MPS mode")
+	fs.IntVar(&opts.DRANodes, "dra-nodes", 1, "nodes (the last ones) serving their GPUs through the DRA driver gpu.tessera.dev; a third of the pods then ask with a ResourceClaim")
 	fs.StringVar(&opts.Model, "gpu-model", "h100", "GPU model of every node: "+strings.Join(playground.Models, ", "))
 	fs.IntVar(&opts.SchedulerReplicas, "scheduler-replicas", 2, "tessera-scheduler replicas electing a leader (1: one, killed and replaced as a fault)")
 	cmd.RunE = func(*cobra.Command, []string) error {
@@ -80,8 +81,8 @@ replays the events.`,
 			defer klog.Flush()
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			fmt.Fprintf(stdout, "Starting %d %s nodes × %d GPUs (%d in MPS mode), %d tessera-scheduler replica(s); components' log: %s\n",
-				opts.Nodes, opts.Model, opts.GPUsPerNode, opts.MPSNodes, max(opts.SchedulerReplicas, 1), logPath)
+			fmt.Fprintf(stdout, "Starting %d %s nodes × %d GPUs (%d in MPS mode, %d serving DRA), %d tessera-scheduler replica(s); components' log: %s\n",
+				opts.Nodes, opts.Model, opts.GPUsPerNode, opts.MPSNodes, opts.DRANodes, max(opts.SchedulerReplicas, 1), logPath)
 			c, err := playground.Up(ctx, opts)
 			if err != nil {
 				fmt.Fprintf(stderr, "tessera soak: %v (log: %s)\n", err, logPath)

@@ -116,6 +116,27 @@ func TestUpDRANodes(t *testing.T) {
 	}
 }
 
+// TestSoakDRANodes: `tessera soak --dra-nodes 1` runs a DRA node beside
+// the device-plugin ones and has pods ask with ResourceClaims there.
+func TestSoakDRANodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a whole playground; skipped with -short")
+	}
+	code, out, errOut := runCLI(t, "soak", "--nodes", "2", "--gpus-per-node", "2", "--mps-nodes", "0", "--dra-nodes", "1", "--events", "60", "--fault-every", "0", "--seed", "3")
+	if code != exitOK {
+		t.Fatalf("exit %d, stderr:\n%s\nstdout:\n%s", code, errOut, out)
+	}
+	if !strings.Contains(out, "(0 in MPS mode, 1 serving DRA)") {
+		t.Errorf("the banner does not say which nodes serve DRA:\n%s", out)
+	}
+	if !regexp.MustCompile(`pod asking with a ResourceClaim\s+\d+`).MatchString(out) {
+		t.Errorf("the summary counts no pod asking with a ResourceClaim:\n%s", out)
+	}
+	if m := regexp.MustCompile(`components' log: (\S+)`).FindStringSubmatch(out); m != nil {
+		os.Remove(m[1])
+	}
+}
+
 // TestUpReportsAFailedStart: a playground that cannot start (here, a
 // TMPDIR too deep for kubelet's unix sockets) exits non-zero with the cause
 // and what to do, not a panic (issue 38: the start-up error was hidden by a

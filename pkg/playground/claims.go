@@ -3,7 +3,12 @@ package playground
 import (
 	"context"
 	"fmt"
+	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/controller/resourceclaim"
@@ -29,5 +34,34 @@ func (c *Cluster) runClaimController(ctx context.Context) error {
 	}
 	factory.Start(cctx.Done())
 	go ctrl.Run(cctx, 2)
+	go wait.UntilWithContext(cctx, func(ctx context.Context) { c.collectOrphanClaims(ctx, factory) }, time.Second)
 	return nil
+}
+
+// collectOrphanClaims deletes the claims whose owning pod is gone, as a
+// cluster's garbage collector does for a ResourceClaimTemplate's claims
+// (the playground runs no garbage collector): the ResourceClaim controller
+// then deallocates a deleted claim no pod holds. Without it a claim whose
+// pod was deleted while the scheduler was binding it — its reservation
+// undone by Unreserve, its allocation kept — stays allocated.
+func (c *Cluster) collectOrphanClaims(ctx context.Context, factory informers.SharedInformerFactory) {
+	claims, err := factory.Resource().V1().ResourceClaims().Lister().List(labels.Everything())
+	if err != nil {
+		return
+	}
+	pods := factory.Core().V1().Pods().Lister()
+	for _, claim := range claims {
+		owner := metav1.GetControllerOf(claim)
+		if owner == nil || owner.Kind != "Pod" || claim.DeletionTimestamp != nil {
+			continue
+		}
+		if p, err := pods.Pods(claim.Namespace).Get(owner.Name); err == nil && p.UID == owner.UID {
+			continue
+		}
+		uid := claim.UID
+		err := c.Client.ResourceV1().ResourceClaims(claim.Namespace).Delete(ctx, claim.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			klog.FromContext(ctx).V(2).Info("Could not delete an orphaned claim", "claim", klog.KObj(claim), "err", err)
+		}
+	}
 }

@@ -798,8 +798,17 @@ func (k *kubelet) admit(ctx context.Context, pod *v1.Pod) (dpv1beta1.DevicePlugi
 	return k.plugin, held, nil
 }
 
-// release frees a pod's slots and stops its simulated processes.
+// release frees a pod's slots, stops its simulated processes and
+// unprepares its claims.
 func (k *kubelet) release(uid types.UID) {
+	if draPod := k.stopPod(uid); draPod != nil {
+		k.unprepare(draPod)
+	}
+}
+
+// stopPod is release without unpreparing the pod's claims: it returns
+// the pod whose claims are still to unprepare (nil: none).
+func (k *kubelet) stopPod(uid types.UID) *v1.Pod {
 	left := LeftoverNone
 	k.mu.Lock()
 	if p := k.running[uid]; p != nil {
@@ -816,20 +825,26 @@ func (k *kubelet) release(uid types.UID) {
 	}
 	k.mu.Unlock()
 	k.load.stop(uid, left)
-	if draPod != nil {
-		if err := k.dra.UnprepareResources(k.nodeCtx, draPod); err != nil {
-			klog.FromContext(k.nodeCtx).Error(err, "Unpreparing the pod's claims failed", "pod", klog.KObj(draPod))
-		}
+	return draPod
+}
+
+func (k *kubelet) unprepare(draPod *v1.Pod) {
+	if err := k.dra.UnprepareResources(k.nodeCtx, draPod); err != nil {
+		klog.FromContext(k.nodeCtx).Error(err, "Unpreparing the pod's claims failed", "pod", klog.KObj(draPod))
 	}
 }
 
-// complete ends a run-for pod: its containers exited 0.
+// complete ends a run-for pod: its containers exited 0. As kubelet's
+// SyncTerminatedPod does, the terminal status is written before the pod's
+// claims are unprepared.
 func (k *kubelet) complete(ctx context.Context, uid types.UID) {
 	pod := k.podByUID(uid)
 	k.mu.Lock()
 	k.exited[uid] = true
 	k.mu.Unlock()
-	k.release(uid)
+	if draPod := k.stopPod(uid); draPod != nil {
+		defer k.unprepare(draPod)
+	}
 	if pod == nil || pod.DeletionTimestamp != nil {
 		return
 	}

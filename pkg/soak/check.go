@@ -28,6 +28,9 @@ type NodeState struct {
 	// Visible maps a slot to the GPUs its CDI spec shows the container
 	// (NVIDIA_VISIBLE_DEVICES); a slot without a spec is absent.
 	Visible map[string]string
+	// ClaimVisible maps a claim's UID to the GPUs its CDI spec (the DRA
+	// driver's) shows; a claim without a spec is absent.
+	ClaimVisible map[string]string
 }
 
 // PodState is one GPU pod.
@@ -45,6 +48,15 @@ type PodState struct {
 	PendingReason string
 	// Victim: it carries a preemption notice.
 	Victim bool
+	// ClaimNames are the ResourceClaims it names; ClaimGPUs maps the UID
+	// of each gpu.tessera.dev claim allocated and reserved for it to the
+	// GPUs its allocation took. Its Assignment is then what its claims
+	// consumed (one container per claim, "claim NAME").
+	ClaimNames []string
+	ClaimGPUs  map[string]string
+	// RunningAfter: it was still running in a list of pods taken after
+	// the claim specs were read (their check needs it).
+	RunningAfter bool
 }
 
 func (p PodState) key() string { return p.Namespace + "/" + p.Name }
@@ -76,7 +88,8 @@ type Checker struct {
 //   - per GPU, Σ memory ≤ capacity × oversubscription and Σ cores ≤ 100 %,
 //     one sharing mode, at most one exclusive owner;
 //   - no slot held by two containers;
-//   - every running container's CDI spec shows exactly its assigned GPUs;
+//   - every running container's CDI spec shows exactly its assigned GPUs,
+//     and every running pod's claim's spec its claim's GPUs;
 //   - no slice placed on a GPU that was unhealthy for longer than Grace.
 //
 // A finished pod, and a deleted victim its agent reported reclaimed, hold
@@ -185,6 +198,25 @@ func (c *Checker) Safety(s State) []Violation {
 			running[p.key()] = p
 		}
 	}
+	nodeClaims := map[string]map[string]string{}
+	for _, n := range s.Nodes {
+		nodeClaims[n.Name] = n.ClaimVisible
+	}
+	for _, key := range sortedKeys(running) {
+		p := running[key]
+		if !p.RunningAfter {
+			continue // ended while the specs were read
+		}
+		for _, uid := range sortedKeys(p.ClaimGPUs) {
+			want := p.ClaimGPUs[uid]
+			got, ok := nodeClaims[p.Node][uid]
+			if !ok {
+				bad("CDI spec equals assignment", "running %s: claim %s has no CDI spec on %s", key, uid, p.Node)
+			} else if got != want {
+				bad("CDI spec equals assignment", "running %s: claim %s's spec shows %q, allocated %s", key, uid, got, want)
+			}
+		}
+	}
 	for _, n := range s.Nodes {
 		holder := map[string]string{}
 		keys := make([]string, 0, len(n.Slots))
@@ -249,4 +281,13 @@ func Liveness(s State, bound time.Duration) []Violation {
 		}
 	}
 	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }

@@ -5,6 +5,11 @@ import (
 	"testing"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 )
 
@@ -116,5 +121,71 @@ func TestLiveness(t *testing.T) {
 	}
 	if len(got) != 3 || !strings.Contains(strings.Join(got, ";"), "silent") || !strings.Contains(strings.Join(got, ";"), "stuck") || !strings.Contains(strings.Join(got, ";"), "failed") {
 		t.Errorf("liveness %v, want silent, stuck and failed", got)
+	}
+}
+
+// TestClaimPodsChecked: a pod's gpu.tessera.dev claims become its
+// assignment (as the driver prepares them), so the per-GPU invariants
+// count claims with device-plugin pods, and a running claim pod's claim
+// spec must show its claim's GPU.
+func TestClaimPodsChecked(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	inv := &gpu.NodeInventory{Node: "n1", DRA: true, GPUs: []gpu.Device{
+		{Index: 0, UUID: "G0", MemoryMiB: 80000, Healthy: true},
+		{Index: 1, UUID: "G1", MemoryMiB: 80000, Healthy: true},
+	}}
+	claim := func(name, uid, pod, device string, cores int64) resourceapi.ResourceClaim {
+		share := types.UID("s-" + name)
+		return resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID(uid)}, Status: resourceapi.ResourceClaimStatus{
+			ReservedFor: []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod, UID: types.UID("u-" + pod)}},
+			Allocation: &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{Results: []resourceapi.DeviceRequestAllocationResult{{
+				Driver: gpu.DRADriver, Pool: "n1", Device: device, ShareID: &share, ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{
+					gpu.DRAMemory: resource.MustParse("8Gi"), gpu.DRACores: *resource.NewQuantity(cores, resource.DecimalSI)}}}}}}}
+	}
+	pod := func(name, claimName string) PodState {
+		return PodState{Namespace: "soak", Name: name, UID: "u-" + name, Node: "n1", Phase: "Running", Created: t0, Bound: t0, ClaimNames: []string{claimName}, RunningAfter: true}
+	}
+	for _, tc := range []struct {
+		name    string
+		claims  []resourceapi.ResourceClaim
+		visible map[string]string
+		want    string
+	}{
+		{"two slices within the GPU", []resourceapi.ResourceClaim{claim("ca", "c-a", "a", "gpu-0", 60), claim("cb", "c-b", "b", "gpu-0", 40)},
+			map[string]string{"c-a": "G0", "c-b": "G0"}, ""},
+		{"claims over 100 % of the cores", []resourceapi.ResourceClaim{claim("ca", "c-a", "a", "gpu-0", 60), claim("cb", "c-b", "b", "gpu-0", 50)},
+			map[string]string{"c-a": "G0", "c-b": "G0"}, "cores ≤ 100 %"},
+		{"a whole-GPU claim and a slice", []resourceapi.ResourceClaim{claim("ca", "c-a", "a", "gpu-1", 100), claim("cb", "c-b", "b", "gpu-1", 10)},
+			map[string]string{"c-a": "G1", "c-b": "G1"}, "one sharing mode"},
+		{"a claim's spec on another GPU", []resourceapi.ResourceClaim{claim("ca", "c-a", "a", "gpu-0", 60), claim("cb", "c-b", "b", "gpu-1", 40)},
+			map[string]string{"c-a": "G0", "c-b": "G0"}, "CDI spec equals assignment"},
+		{"a running claim pod without its spec", []resourceapi.ResourceClaim{claim("ca", "c-a", "a", "gpu-0", 60), claim("cb", "c-b", "b", "gpu-1", 40)},
+			map[string]string{"c-a": "G0"}, "has no CDI spec"},
+		// Listed running, gone from a list taken after the specs were
+		// read: it ended meanwhile, its claim unprepared.
+		{"a pod that ended while the specs were read", []resourceapi.ResourceClaim{claim("ca", "c-a", "a", "gpu-0", 60), claim("cb", "c-b", "b!ended", "gpu-1", 40)},
+			map[string]string{"c-a": "G0"}, ""},
+		{"a claim reserved for another pod is not this one's", []resourceapi.ResourceClaim{claim("ca", "c-a", "a", "gpu-0", 60), claim("cb", "c-b", "z", "gpu-0", 90)},
+			map[string]string{"c-a": "G0", "c-b": "G0"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := pod("b", "cb")
+			if tc.claims[1].Status.ReservedFor[0].Name == "b!ended" {
+				tc.claims[1].Status.ReservedFor[0].UID = types.UID(b.UID)
+				b.RunningAfter = false
+			}
+			s := State{At: t0, Nodes: []NodeState{{Name: "n1", Inventory: inv, ClaimVisible: tc.visible}},
+				Pods: []PodState{pod("a", "ca"), b}}
+			claimAssignments(&s, tc.claims)
+			c := &Checker{Oversubscription: 1.5, Grace: time.Second}
+			var got []string
+			for _, v := range c.Safety(s) {
+				got = append(got, v.String())
+			}
+			joined := strings.Join(got, "\n")
+			if tc.want == "" && len(got) > 0 || tc.want != "" && !strings.Contains(joined, tc.want) {
+				t.Errorf("violations:\n%s\nwant %q", joined, tc.want)
+			}
+		})
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -24,6 +25,8 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -131,11 +134,14 @@ func Run(ctx context.Context, c *playground.Cluster, opts Options, log io.Writer
 	if opts.Bound <= 0 {
 		opts.Bound = 45 * time.Second
 	}
-	gpus := 0
+	gpus, draNodes := 0, 0
 	var nodes []NodeAccess
 	for _, n := range c.Nodes {
 		gpus += len(n.NVML.Devices)
 		nodes = append(nodes, NodeAccess{Name: n.Name, PodResourcesSocket: n.PodResourcesSocket, CDIDir: n.CDIDir})
+		if n.DRA {
+			draNodes++
+		}
 	}
 	if opts.MaxPods <= 0 {
 		opts.MaxPods = 2 * gpus
@@ -156,6 +162,12 @@ func Run(ctx context.Context, c *playground.Cluster, opts Options, log io.Writer
 		return nil, err
 	}
 	defer obs.close()
+	if draNodes > 0 {
+		obs.claims = true
+		if err := createClaimTemplates(ctx, client); err != nil {
+			return nil, err
+		}
+	}
 	cfg := config.Default().Allocator
 	chk := &Checker{Oversubscription: cfg.MemoryOversubscription, Grace: 3 * time.Second}
 	rng := rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x7e55e7a))
@@ -203,8 +215,14 @@ func Run(ctx context.Context, c *playground.Cluster, opts Options, log io.Writer
 			kind = "create"
 			name := fmt.Sprintf("p%05d", next)
 			next++
-			pod := randomPod(rng, name)
-			if req, err := podgpu.Request(pod, cfg.MinSliceMiB); err == nil {
+			var pod *v1.Pod
+			if draNodes > 0 && rng.IntN(3) == 0 {
+				pod = randomClaimPod(rng, name)
+				sum.Observed["pod asking with a ResourceClaim"]++
+			} else {
+				pod = randomPod(rng, name)
+			}
+			if req, err := podgpu.Request(pod, cfg.MinSliceMiB); err == nil && podgpu.WantsGPU(pod) {
 				requests[name] = req
 			}
 			if _, err := client.CoreV1().Pods(Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
@@ -388,6 +406,49 @@ func randomPod(rng *rand.Rand, name string) *v1.Pod {
 	return pod
 }
 
+// claimTemplates are the ResourceClaimTemplates claim pods ask through
+// (the chart's gpu.tessera.dev class): a slice, and a whole GPU.
+var claimTemplates = map[string]map[resourceapi.QualifiedName]string{
+	"soak-slice": {gpu.DRAMemory: "8Gi", gpu.DRACores: "25"},
+	"soak-whole": nil,
+}
+
+func createClaimTemplates(ctx context.Context, client kubernetes.Interface) error {
+	for _, name := range slices.Sorted(maps.Keys(claimTemplates)) {
+		req := &resourceapi.ExactDeviceRequest{DeviceClassName: gpu.DRADriver}
+		if capacity := claimTemplates[name]; capacity != nil {
+			req.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{}}
+			for k, v := range capacity {
+				req.Capacity.Requests[k] = resource.MustParse(v)
+			}
+		}
+		t := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace},
+			Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+				Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: req}}}}}}
+		if _, err := client.ResourceV1().ResourceClaimTemplates(Namespace).Create(ctx, t, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("ResourceClaimTemplate %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// randomClaimPod is a pod of tessera-scheduler asking through one of the
+// claimTemplates, at a random priority, reacting to a preemption notice
+// as randomPod's do; some finish by themselves.
+func randomClaimPod(rng *rand.Rand, name string) *v1.Pod {
+	tmpl := []string{"soak-slice", "soak-whole"}[rng.IntN(2)]
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: Namespace, Annotations: map[string]string{
+		playground.AnnotationOnPreemption: []string{"exit", "checkpoint", "ignore"}[rng.IntN(3)]}},
+		Spec: v1.PodSpec{SchedulerName: "tessera-scheduler", PriorityClassName: priorities[rng.IntN(len(priorities))],
+			ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &tmpl}},
+			Containers: []v1.Container{{Name: "main", Image: "registry.example/soak",
+				Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}}}}
+	if rng.IntN(10) < 3 {
+		pod.Annotations[playground.AnnotationRunFor] = strconv.Itoa(2+rng.IntN(10)) + "s"
+	}
+	return pod
+}
+
 // fault injects one fault and names it.
 func fault(ctx context.Context, c *playground.Cluster, rng *rand.Rand, sum *Summary) string {
 	n := c.Nodes[rng.IntN(len(c.Nodes))]
@@ -479,6 +540,21 @@ func drain(ctx context.Context, c *playground.Cluster, client kubernetes.Interfa
 		if n, where := schedulerSeries(c.SchedulerMetricsURL, "tessera_scheduler_gpu_allocated_slices{"); n != 0 {
 			cur = append(cur, Violation{NothingBooked, fmt.Sprintf("the scheduler books %v slice(s) (%s); %v preemption victim pod(s) await their agent's reclaim confirmation",
 				n, strings.Join(where, ", "), schedulerGauge(c.SchedulerMetricsURL, "tessera_scheduler_preemption_awaiting_reclaim"))})
+		}
+		if obs.claims {
+			cl, err := client.ResourceV1().ResourceClaims(Namespace).List(pctx, metav1.ListOptions{})
+			if err != nil {
+				return false, nil
+			}
+			var held []string
+			for _, claim := range cl.Items {
+				if claim.Status.Allocation != nil {
+					held = append(held, claim.Name)
+				}
+			}
+			if len(held) > 0 {
+				cur = append(cur, Violation{"drained", fmt.Sprintf("%d claim(s) still allocated: %v", len(held), held)})
+			}
 		}
 		for _, n := range c.Nodes {
 			if specs := leftoverSpecs(n.CDIDir); len(specs) > 0 {

@@ -146,8 +146,8 @@ func TestDRANode(t *testing.T) {
 	if err := c.Client.CoreV1().Pods(ns).Delete(ctx, "templated", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// Deallocated by the controller; the garbage collector, which deletes
-	// it with its owner pod in a cluster, does not run in the playground.
+	// Deallocated by the controller, and deleted (the playground deletes
+	// a claim whose owning pod is gone, as a cluster's garbage collector does).
 	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		got, err := c.Client.ResourceV1().ResourceClaims(ns).Get(ctx, generated, metav1.GetOptions{})
 		return apierrors.IsNotFound(err) || (err == nil && got.Status.Allocation == nil), nil

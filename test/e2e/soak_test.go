@@ -13,7 +13,8 @@ import (
 )
 
 // TestShortSoak: about 1,000 events of churn and faults on a playground
-// with the invariants checked after every step (the short soak of `make
+// with a DRA node beside device-plugin nodes, the invariants checked after
+// every step (the short soak of `make
 // test`; `make soak` runs 10,000, with nodes removed and re-added too).
 // TESSERA_SOAK_SEED replays another seed.
 func TestShortSoak(t *testing.T) {
@@ -25,7 +26,9 @@ func TestShortSoak(t *testing.T) {
 		}
 		seed = v
 	}
-	c, _ := up(t, playground.Options{Nodes: 3, GPUsPerNode: 4, Model: "h100", MPSNodes: 1, QuietPeriod: 3 * time.Second, SchedulerReplicas: 2,
+	// The fourth node serves DRA: a third of the pods ask with a
+	// ResourceClaim, placed and preempted by TesseraGPU there.
+	c, _ := up(t, playground.Options{Nodes: 4, GPUsPerNode: 4, Model: "h100", MPSNodes: 1, DRANodes: 1, QuietPeriod: 3 * time.Second, SchedulerReplicas: 2,
 		FastSliceAdjuster: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -49,6 +52,9 @@ func TestShortSoak(t *testing.T) {
 	}
 	if total := sum.Events["create"]; total < 300 {
 		t.Errorf("only %d pods created", total)
+	}
+	if claims := sum.Observed["pod asking with a ResourceClaim"]; claims < 60 {
+		t.Errorf("only %d pods asked with a ResourceClaim", claims)
 	}
 	faults := 0
 	for _, n := range sum.Faults {
