@@ -848,25 +848,40 @@ func (k *kubelet) complete(ctx context.Context, uid types.UID) {
 	if pod == nil || pod.DeletionTimestamp != nil {
 		return
 	}
-	pod = pod.DeepCopy()
-	pod.Status.Phase = v1.PodSucceeded
-	code, reason, msg := int32(0), "Completed", pod.Annotations[AnnotationExitMessage]
-	if msg != "" {
-		pod.Status.Phase, code, reason = v1.PodFailed, 1, "Error"
-	}
 	now := metav1.Now()
-	for i := range pod.Status.ContainerStatuses {
-		st := &pod.Status.ContainerStatuses[i]
-		started := now
-		if st.State.Running != nil {
-			started = st.State.Running.StartedAt
+	// As kubelet's status manager does, a write that lost to another
+	// (the agent's annotations, the scheduler's condition) is made again
+	// on the pod as it now is: a pod left Running with its containers gone
+	// would hold its GPUs for ever.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		pod = pod.DeepCopy()
+		pod.Status.Phase = v1.PodSucceeded
+		code, reason, msg := int32(0), "Completed", pod.Annotations[AnnotationExitMessage]
+		if msg != "" {
+			pod.Status.Phase, code, reason = v1.PodFailed, 1, "Error"
 		}
-		st.State = v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: code, Reason: reason, Message: msg, StartedAt: started, FinishedAt: now, ContainerID: st.ContainerID}}
-		st.Ready = false
-	}
-	setCondition(pod, v1.PodReady, v1.ConditionFalse, "PodCompleted")
-	setCondition(pod, v1.ContainersReady, v1.ConditionFalse, "PodCompleted")
-	if _, err := k.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil && ctx.Err() == nil {
+		for i := range pod.Status.ContainerStatuses {
+			st := &pod.Status.ContainerStatuses[i]
+			started := now
+			if st.State.Running != nil {
+				started = st.State.Running.StartedAt
+			}
+			st.State = v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: code, Reason: reason, Message: msg, StartedAt: started, FinishedAt: now, ContainerID: st.ContainerID}}
+			st.Ready = false
+		}
+		setCondition(pod, v1.PodReady, v1.ConditionFalse, "PodCompleted")
+		setCondition(pod, v1.ContainersReady, v1.ConditionFalse, "PodCompleted")
+		_, err := k.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) {
+			fresh, gerr := k.client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+			if gerr != nil || fresh.UID != uid || fresh.DeletionTimestamp != nil {
+				return nil // gone or going: nothing to report
+			}
+			pod = fresh
+		}
+		return err
+	})
+	if err != nil && ctx.Err() == nil && !apierrors.IsNotFound(err) {
 		klog.FromContext(ctx).Error(err, "Could not report a completed pod", "pod", klog.KObj(pod))
 	}
 }
