@@ -136,10 +136,10 @@ bench-sim: build
 	@/usr/bin/time -f "fgd --plain: %e s" ./bin/tessera sim --policy fgd --seeds 42 --plain \
 		--nodes $(OPENB)/openb_node_list_gpu_node.csv --pods $(OPENB)/openb_pod_list_default.csv >/dev/null
 
-## bench-scheduler: tessera-scheduler throughput against the default profile, same run: 1,000 and 5,000 nodes × 8 GPUs, and 5,000 with 1,000 pods waiting and GPU pods deleted (BENCHCOUNT runs each, default 3).
+## bench-scheduler: tessera-scheduler throughput against the default profile, same run: 1,000 and 5,000 nodes × 8 GPUs, and 5,000 with 1,000 pods waiting and GPU pods deleted; and claim pods on 100 DRA nodes, TesseraGPU against upstream DynamicResources (BENCHCOUNT runs each, default 3).
 BENCHCOUNT ?= 3
 bench-scheduler:
-	$(GO) test ./test/integration/ -run '^$$' -bench BenchmarkSchedulingThroughput -benchtime 1x -count $(BENCHCOUNT) -timeout 120m -v
+	$(GO) test ./test/integration/ -run '^$$' -bench 'BenchmarkSchedulingThroughput|BenchmarkClaimSchedulingThroughput' -benchtime 1x -count $(BENCHCOUNT) -timeout 120m -v
 
 ## openb: the published comparison, seeds 42-51, on the four openb workloads.
 openb: build

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/yaml"
 	"tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/tessera-gpu/tessera/pkg/agent/dra"
@@ -218,4 +219,81 @@ func TestDRAPreemption(t *testing.T) {
 	if _, err := os.Stat(dra.SpecPath(c.Nodes[0].CDIDir, got.UID)); err != nil {
 		t.Errorf("the preemptor's claim was not prepared: %v", err)
 	}
+}
+
+// TestDRAClaimModes: a claim of each of the chart's classes — a whole GPU,
+// an MPS slice, a time-sliced slice — on a playground of two H100 DRA
+// nodes (the first running MPS), each pod created with its claim and timed
+// from the claim's creation to the pod Running; and the ResourceSlice one
+// node's agent published, as the API server returns it.
+func TestDRAClaimModes(t *testing.T) {
+	c, _ := up(t, playground.Options{Nodes: 2, GPUsPerNode: 2, Model: "h100", MPSNodes: 1, DRANodes: 2})
+	ctx := context.Background()
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		l, err := c.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+		return err == nil && len(l.Items) == 2, nil
+	}); err != nil {
+		t.Fatalf("no ResourceSlice of each node: %v", err)
+	}
+	const ns = "modes"
+	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	slice := map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("10Gi"), "cores": resource.MustParse("25")}
+	for _, tc := range []struct {
+		name, class string
+		capacity    map[resourceapi.QualifiedName]resource.Quantity
+		node        string // where the class's selector leaves room
+		isolation   string
+	}{
+		{"whole", "whole.gpu.tessera.dev", nil, "", "memory=device,compute=device"},
+		{"mps", "mps.gpu.tessera.dev", slice, c.Nodes[0].Name, "compute=mps-client"},
+		{"time-sliced", "time-sliced.gpu.tessera.dev", slice, c.Nodes[1].Name, "compute=shim"},
+	} {
+		req := &resourceapi.ExactDeviceRequest{DeviceClassName: tc.class}
+		if tc.capacity != nil {
+			req.Capacity = &resourceapi.CapacityRequirements{Requests: tc.capacity}
+		}
+		claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: tc.name, Namespace: ns},
+			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: req}}}}}
+		start := time.Now()
+		claim, err := c.Client.ResourceV1().ResourceClaims(ns).Create(ctx, claim, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		create(t, c.Client, &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: tc.name, Namespace: ns},
+			Spec: v1.PodSpec{SchedulerName: "tessera-scheduler", ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim.Name}},
+				Containers: []v1.Container{{Name: "main", Image: "registry.example/infer", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}}}})
+		pod := waitRunning(t, c.Client, ns, []string{tc.name}, time.Minute)[tc.name]
+		took := time.Since(start)
+		if tc.node != "" && pod.Spec.NodeName != tc.node {
+			t.Errorf("%s claim's pod on %s, want %s", tc.name, pod.Spec.NodeName, tc.node)
+		}
+		b, err := os.ReadFile(dra.SpecPath(nodeOf(t, c, pod.Spec.NodeName).CDIDir, claim.UID))
+		if err != nil || !strings.Contains(string(b), tc.isolation) {
+			t.Errorf("%s claim's spec lacks %s: %v\n%s", tc.name, tc.isolation, err, b)
+		}
+		t.Logf("%-11s claim (%s): created to Running in %v, on %s", tc.name, tc.class, took.Round(time.Millisecond), pod.Spec.NodeName)
+	}
+	s, err := c.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + c.Nodes[0].Name})
+	if err != nil || len(s.Items) != 1 {
+		t.Fatalf("the ResourceSlice of %s: %v (%d)", c.Nodes[0].Name, err, len(s.Items))
+	}
+	s.Items[0].ManagedFields = nil
+	y, err := yaml.Marshal(s.Items[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the ResourceSlice of %s (MPS) as the API server returns it:\n%s", c.Nodes[0].Name, y)
+}
+
+func nodeOf(t *testing.T, c *playground.Cluster, name string) *playground.Node {
+	t.Helper()
+	for _, n := range c.Nodes {
+		if n.Name == name {
+			return n
+		}
+	}
+	t.Fatalf("no playground node %s", name)
+	return nil
 }
