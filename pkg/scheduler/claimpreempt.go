@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -137,19 +136,7 @@ func (p *Plugin) preemptForClaims(ctx context.Context, c *claimCycle, pod *v1.Po
 		preemptions.WithLabelValues("impossible").Inc()
 		return nil, fwk.NewStatus(fwk.Unschedulable, "preemption cannot make room: no DRA node fits the pod's gpu.tessera.dev claim even without every lower-priority claim holder it may evict")
 	}
-	if err := p.notices().send(ctx, pod, best, view.now); errors.Is(err, errVictimChanged) {
-		preemptions.WithLabelValues("conflict").Inc()
-		return nil, fwk.NewStatus(fwk.Unschedulable, "preemption deferred: a chosen victim changed meanwhile (another preemption?); retrying")
-	} else if err != nil {
-		return nil, fwk.AsStatus(err)
-	}
-	if len(best.victims) > 0 {
-		preemptions.WithLabelValues("started").Inc()
-		victimsPerPreemption.Observe(float64(len(best.victims)))
-		logger.Info("Preempting claim holders", "node", best.node, "victims", victimNames(best.victims))
-	}
-	return &fwk.PostFilterResult{NominatingInfo: &fwk.NominatingInfo{NominatedNodeName: best.node, NominatingMode: fwk.ModeOverride}},
-		fwk.NewStatus(fwk.Success)
+	return p.carryOut(ctx, logger, pod, best, view.now, "Preempting claim holders")
 }
 
 // addNominatedClaimPod counts a nominated claim pod's request on its node

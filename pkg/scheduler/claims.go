@@ -324,6 +324,20 @@ func (c *claimPlacer) rank(logger klog.Logger, cycle *claimCycle, snapshot func(
 	return ranks
 }
 
+// gpuOf is n's GPU that the driver names device (gpu-<index>), nil where
+// n has none.
+func gpuOf(n *allocator.Node, device string) *allocator.GPU {
+	index, ok := gpu.DRADeviceIndex(device)
+	if !ok {
+		return nil
+	}
+	pos := slices.IndexFunc(n.GPUs, func(g allocator.GPU) bool { return g.Index == index })
+	if pos < 0 {
+		return nil
+	}
+	return &n.GPUs[pos]
+}
+
 // heldOutsideClaims counts on n what the driver's slice s says its GPUs
 // hold beside claims and beyond what the cache books there: the agent
 // takes what the node's device-plugin pods hold off each device's
@@ -331,15 +345,10 @@ func (c *claimPlacer) rank(logger klog.Logger, cycle *claimCycle, snapshot func(
 // the cache knows those pods only where their assignments are readable.
 func heldOutsideClaims(n *allocator.Node, s *resourceapi.ResourceSlice, oversub float64) {
 	for _, d := range s.Spec.Devices {
-		index, ok := gpu.DRADeviceIndex(d.Name)
-		if !ok {
+		g := gpuOf(n, d.Name)
+		if g == nil {
 			continue
 		}
-		pos := slices.IndexFunc(n.GPUs, func(g allocator.GPU) bool { return g.Index == index })
-		if pos < 0 {
-			continue
-		}
-		g := &n.GPUs[pos]
 		if len(d.Taints) > 0 {
 			n.SetHealthy(g.UUID, false)
 			continue
@@ -385,15 +394,10 @@ func claimGrants(nodes map[string]*allocator.Node, claim *resourceapi.ResourceCl
 		if r.Driver != gpu.DRADriver || !ok {
 			continue
 		}
-		index, ok := gpu.DRADeviceIndex(r.Device)
-		if !ok {
+		g := gpuOf(n, r.Device)
+		if g == nil {
 			continue
 		}
-		pos := slices.IndexFunc(n.GPUs, func(g allocator.GPU) bool { return g.Index == index })
-		if pos < 0 {
-			continue
-		}
-		g := &n.GPUs[pos]
 		var mem, cores int64
 		if q, ok := r.ConsumedCapacity[gpu.DRAMemory]; ok {
 			mem = q.Value() >> 20

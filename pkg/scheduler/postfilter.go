@@ -111,7 +111,12 @@ func (p *Plugin) preempt(ctx context.Context, s *stateData, pod *v1.Pod, statuse
 		preemptions.WithLabelValues("impossible").Inc()
 		return nil, fwk.NewStatus(fwk.Unschedulable, "preemption cannot make room: no node fits the pod even without every lower-priority GPU pod it may evict")
 	}
-	if err := p.notices().send(ctx, pod, best, view.now); errors.Is(err, errVictimChanged) {
+	return p.carryOut(ctx, logger, pod, best, view.now, "Preempting GPU pods")
+}
+
+// carryOut notifies a plan's victims and nominates the pod to its node.
+func (p *Plugin) carryOut(ctx context.Context, logger klog.Logger, pod *v1.Pod, best *nodeChoice, now time.Time, what string) (*fwk.PostFilterResult, *fwk.Status) {
+	if err := p.notices().send(ctx, pod, best, now); errors.Is(err, errVictimChanged) {
 		preemptions.WithLabelValues("conflict").Inc()
 		return nil, fwk.NewStatus(fwk.Unschedulable, "preemption deferred: a chosen victim changed meanwhile (another preemption?); retrying")
 	} else if err != nil {
@@ -120,7 +125,7 @@ func (p *Plugin) preempt(ctx context.Context, s *stateData, pod *v1.Pod, statuse
 	if len(best.victims) > 0 {
 		preemptions.WithLabelValues("started").Inc()
 		victimsPerPreemption.Observe(float64(len(best.victims)))
-		logger.Info("Preempting GPU pods", "node", best.node, "victims", victimNames(best.victims))
+		logger.Info(what, "node", best.node, "victims", victimNames(best.victims))
 	}
 	return &fwk.PostFilterResult{NominatingInfo: &fwk.NominatingInfo{NominatedNodeName: best.node, NominatingMode: fwk.ModeOverride}},
 		fwk.NewStatus(fwk.Success)

@@ -10,9 +10,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/pkg/agent/dra"
 	"github.com/tessera-gpu/tessera/pkg/inventory"
 )
@@ -45,22 +43,7 @@ func BenchmarkClaimSchedulingThroughput(b *testing.B) {
 		baseline = "default-scheduler"
 	)
 	c := startCluster(b)
-	objs, err := deploy.Objects(deploy.Agent)
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, u := range objs {
-		if u.GetKind() != "DeviceClass" {
-			continue
-		}
-		var dc resourceapi.DeviceClass
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &dc); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := c.client.ResourceV1().DeviceClasses().Create(c.ctx, &dc, metav1.CreateOptions{}); err != nil {
-			b.Fatal(err)
-		}
-	}
+	c.createShippedDeviceClasses()
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 32)
 	for i := range nodes {

@@ -52,22 +52,7 @@ func startDRANode(t *testing.T) *draNode {
 	c := startCluster(t)
 	c.registerNode("n1")
 	inv := nodeInventory(gpuNode{name: "n1", gpus: 3, memMi: 81920})
-	objs, err := deploy.Objects(deploy.Agent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, u := range objs {
-		if u.GetKind() != "DeviceClass" {
-			continue
-		}
-		var dc resourceapi.DeviceClass
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &dc); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := c.client.ResourceV1().DeviceClasses().Create(c.ctx, &dc, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("the chart's DeviceClass %s: %v", dc.Name, err)
-		}
-	}
+	c.createShippedDeviceClasses()
 
 	plugin, err := os.MkdirTemp("", "dra") // a socket's path must be short
 	if err != nil {
@@ -108,6 +93,27 @@ func startDRANode(t *testing.T) *draNode {
 	}
 	c.startScheduler("")
 	return &draNode{c: c, inv: inv, d: d, plugin: plugin, cdiDir: cdiDir, scheduler: tesseraScheduler}
+}
+
+// createShippedDeviceClasses creates the chart's DeviceClasses.
+func (c *cluster) createShippedDeviceClasses() {
+	c.t.Helper()
+	objs, err := deploy.Objects(deploy.Agent)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	for _, u := range objs {
+		if u.GetKind() != "DeviceClass" {
+			continue
+		}
+		var dc resourceapi.DeviceClass
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &dc); err != nil {
+			c.t.Fatal(err)
+		}
+		if _, err := c.client.ResourceV1().DeviceClasses().Create(c.ctx, &dc, metav1.CreateOptions{}); err != nil {
+			c.t.Fatalf("the chart's DeviceClass %s: %v", dc.Name, err)
+		}
+	}
 }
 
 // submit creates a claim of the chart's gpu.tessera.dev class asking
