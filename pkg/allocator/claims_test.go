@@ -1,6 +1,8 @@
 package allocator
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"slices"
 	"testing"
 
@@ -45,5 +47,72 @@ func TestRankOrdersGPUsByThePolicy(t *testing.T) {
 	}
 	if n.Version != before || !n.GPUs[0].Healthy {
 		t.Error("Rank changed the node it ranked")
+	}
+}
+
+// TestRankSliceAgreesWithPlace: on random loaded nodes, under every policy
+// with a workload, a slice's ranking starts where Place puts it, with
+// Place's score; lists every GPU once; and puts the GPUs the slice fits
+// (Place with that GPU alone available) before those it does not.
+func TestRankSliceAgreesWithPlace(t *testing.T) {
+	for _, policy := range config.Policies {
+		t.Run(string(policy), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(7, uint64(len(policy))))
+			cfg := config.Default().Allocator
+			cfg.Policy = policy
+			var counts []ShapeCount
+			for range 8 {
+				counts = append(counts, ShapeCount{Request: checked(t, randomRequest(rng)), Count: float64(1 + rng.IntN(20))})
+			}
+			w, err := NewWorkload(counts, 0.95)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, err := New(&cfg, w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for round := range 300 {
+				n, err := NewNode(randomInventory(rng, fmt.Sprintf("n%d", round)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				for range rng.IntN(6) {
+					var p Placement
+					if r := checked(t, randomRequest(rng)); a.Place(n, r, &p).OK() {
+						n.Apply(r, &p)
+					}
+				}
+				sharing := []gpu.SharingMode{gpu.ModeAuto, gpu.ModeMPS, gpu.ModeTimeSlicing}[rng.IntN(3)]
+				r := checked(t, &Request{Sharing: sharing, Containers: []Container{{Name: "claim", Count: 1,
+					MemoryMiB: 1024 * rng.Int64N(40), Cores: (1 + rng.IntN(100)) * gpu.CoresPerGPU / 100}}})
+				order, score, ok := a.Rank(n, r)
+				var p Placement
+				placed := a.Place(n, r, &p).OK()
+				if ok != placed || ok && (order[0] != p.Grants[0].GPU || score != p.Score) {
+					t.Fatalf("round %d: Rank %v (score %v, fits %v); Place %+v (fits %v)", round, order, score, ok, p, placed)
+				}
+				seen := map[int]bool{}
+				fitting := true
+				for _, i := range order {
+					if seen[i] {
+						t.Fatalf("round %d: GPU %d ranked twice: %v", round, i, order)
+					}
+					seen[i] = true
+					alone := n.Clone()
+					for j := range alone.GPUs {
+						alone.GPUs[j].Healthy = alone.GPUs[j].Healthy && j == i
+					}
+					fits := a.Place(alone, r, &p).OK()
+					if fits && !fitting {
+						t.Fatalf("round %d: GPU %d fits but is ranked after one that does not: %v", round, i, order)
+					}
+					fitting = fitting && fits
+				}
+				if len(seen) != len(n.GPUs) {
+					t.Fatalf("round %d: ranked %v of %d GPUs", round, order, len(n.GPUs))
+				}
+			}
+		})
 	}
 }
