@@ -17,6 +17,11 @@ const (
 	DRACores  = "cores"
 )
 
+// MiBUp is a number of bytes in MiB, rounded up: a DRA claim's consumed
+// memory becomes a limit, and a limit below what was allocated would take
+// from the tenant.
+func MiBUp(bytes int64) int64 { return (bytes + 1<<20 - 1) >> 20 }
+
 // DRADeviceName is the device of the GPU with NVML index i in its node's
 // pool (the pool is named by the node).
 func DRADeviceName(index int) string { return "gpu-" + strconv.Itoa(index) }

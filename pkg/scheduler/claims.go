@@ -47,10 +47,18 @@ type claimPlacer struct {
 	claims fwk.ResourceClaimTracker
 	slices fwk.ResourceSliceLister
 
-	// ranks is, during PreFilter's call into inner, each node's (pool's)
-	// gpu.tessera.dev devices by their rank for the cycle's pod; the
-	// framework runs one scheduling cycle at a time.
-	ranks atomic.Pointer[map[string]map[string]int]
+	// listed is, during PreFilter's call into inner, the slices PreFilter
+	// listed and each node's (pool's) gpu.tessera.dev devices by their
+	// rank for the cycle's pod, so inner reads the same list, ranked,
+	// without listing again; the framework runs one scheduling cycle at a
+	// time.
+	listed atomic.Pointer[rankedList]
+}
+
+// rankedList is one cycle's slices and the ranks of their devices.
+type rankedList struct {
+	slices []*resourceapi.ResourceSlice
+	ranks  map[string]map[string]int
 }
 
 // claimsKey is the cycle state of a pod whose claims TesseraGPU allocates.
@@ -143,15 +151,10 @@ type rankedSlices struct {
 }
 
 func (l rankedSlices) ListWithDeviceTaintRules() ([]*resourceapi.ResourceSlice, error) {
-	s, err := l.ResourceSliceLister.ListWithDeviceTaintRules()
-	if err != nil {
-		return nil, err
+	if r := l.placer.listed.Load(); r != nil {
+		return rankDevices(r.slices, r.ranks), nil
 	}
-	var ranks map[string]map[string]int
-	if r := l.placer.ranks.Load(); r != nil {
-		ranks = *r
-	}
-	return rankDevices(s, ranks), nil
+	return l.ResourceSliceLister.ListWithDeviceTaintRules()
 }
 
 // rankDevices returns slices with each ranked pool's gpu.tessera.dev
@@ -191,13 +194,15 @@ func (c *claimPlacer) wants(pod *v1.Pod) bool { return c != nil && len(pod.Spec.
 // prepare the cycle's allocator over that ranking.
 func (c *claimPlacer) preFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo, alloc *allocator.Allocator, snapshot func(node string) *allocator.Node, oversub float64) (*fwk.PreFilterResult, *fwk.Status) {
 	cycle := &claimCycle{req: c.request(pod), alloc: alloc}
-	var ranks map[string]map[string]int
 	if cycle.req != nil {
-		ranks = c.rank(klog.FromContext(ctx), cycle, snapshot, oversub)
+		if all, err := c.slices.ListWithDeviceTaintRules(); err != nil {
+			klog.FromContext(ctx).Error(err, "ResourceSlices unreadable: claims are allocated first fit this cycle")
+		} else {
+			c.listed.Store(&rankedList{slices: all, ranks: c.rank(klog.FromContext(ctx), cycle, all, snapshot, oversub)})
+		}
 	}
-	c.ranks.Store(&ranks)
 	res, st := c.inner.PreFilter(ctx, state, pod, nodes)
-	c.ranks.Store(nil)
+	c.listed.Store(nil)
 	if st.IsSuccess() {
 		state.Write(claimsKey, cycle)
 	}
@@ -253,7 +258,7 @@ func ClaimRequest(r *resourceapi.ExactDeviceRequest) (*allocator.Request, bool) 
 			cores = q.Value()
 		}
 		if q, ok := r.Capacity.Requests[gpu.DRAMemory]; ok {
-			mem = (q.Value() + 1<<20 - 1) >> 20
+			mem = gpu.MiBUp(q.Value())
 		}
 	}
 	if cores <= 0 || cores >= 100 || class == "whole."+gpu.DRADriver {
@@ -267,16 +272,11 @@ func ClaimRequest(r *resourceapi.ExactDeviceRequest) (*allocator.Request, bool) 
 }
 
 // rank orders the GPUs of every node with a gpu.tessera.dev ResourceSlice
-// that the cache has an inventory of for cycle.req, counting the claims
-// allocated there (and those in flight) on top of what the cache books:
-// the device names by rank per pool. It fills the cycle's nodes and
+// among all that the cache has an inventory of for cycle.req, counting the
+// claims allocated there (and those in flight) on top of what the cache
+// books: the device names by rank per pool. It fills the cycle's nodes and
 // scores.
-func (c *claimPlacer) rank(logger klog.Logger, cycle *claimCycle, snapshot func(node string) *allocator.Node, oversub float64) map[string]map[string]int {
-	all, err := c.slices.ListWithDeviceTaintRules()
-	if err != nil {
-		logger.Error(err, "ResourceSlices unreadable: claims are allocated first fit this cycle")
-		return nil
-	}
+func (c *claimPlacer) rank(logger klog.Logger, cycle *claimCycle, all []*resourceapi.ResourceSlice, snapshot func(node string) *allocator.Node, oversub float64) map[string]map[string]int {
 	bases := map[string]*allocator.Node{}
 	for _, s := range all {
 		if s.Spec.Driver != gpu.DRADriver || s.Spec.NodeName == nil || *s.Spec.NodeName != s.Spec.Pool.Name {
@@ -400,7 +400,7 @@ func claimGrants(nodes map[string]*allocator.Node, claim *resourceapi.ResourceCl
 		}
 		var mem, cores int64
 		if q, ok := r.ConsumedCapacity[gpu.DRAMemory]; ok {
-			mem = q.Value() >> 20
+			mem = gpu.MiBUp(q.Value())
 		}
 		if q, ok := r.ConsumedCapacity[gpu.DRACores]; ok {
 			cores = q.Value()

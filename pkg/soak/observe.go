@@ -208,7 +208,7 @@ func claimAssignments(s *State, claims []resourceapi.ResourceClaim) {
 				}
 				d := &inv.GPUs[pos]
 				mem, cores := r.ConsumedCapacity[gpu.DRAMemory], r.ConsumedCapacity[gpu.DRACores]
-				mode, grant := gpu.ClaimGrant(*d, (mem.Value()+1<<20-1)>>20, cores.Value())
+				mode, grant := gpu.ClaimGrant(*d, gpu.MiBUp(mem.Value()), cores.Value())
 				if p.Assignment == nil {
 					p.Assignment = &gpu.PodAssignment{Node: r.Pool}
 				}

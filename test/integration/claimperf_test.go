@@ -2,7 +2,6 @@ package integration
 
 import (
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -44,21 +43,12 @@ func BenchmarkClaimSchedulingThroughput(b *testing.B) {
 	)
 	c := startCluster(b)
 	c.createShippedDeviceClasses()
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 32)
-	for i := range nodes {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			addDRAPerfNode(b, c, fmt.Sprintf("dra-%03d", i), gpusEach)
-		}()
-	}
-	wg.Wait()
+	inParallel(nodes, func(i int) { addDRAPerfNode(b, c, fmt.Sprintf("dra-%03d", i), gpusEach) })
 	c.startScheduler("")
 	round := func(name, profile string, n int) float64 {
 		ns := c.namespace(name)
 		pods := make([]*v1.Pod, n)
+		claims := make([]*resourceapi.ResourceClaim, n)
 		for i := range n {
 			capacity := map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("10Gi"), "cores": resource.MustParse("25")}
 			if i%4 == 0 {
@@ -67,32 +57,23 @@ func BenchmarkClaimSchedulingThroughput(b *testing.B) {
 			claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("c%04d", i), Namespace: ns},
 				Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: "gpu",
 					Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: dra.DriverName, Capacity: &resourceapi.CapacityRequirements{Requests: capacity}}}}}}}
-			sem <- struct{}{}
-			wg.Add(1)
-			go func() {
-				defer func() { <-sem; wg.Done() }()
-				if _, err := c.client.ResourceV1().ResourceClaims(ns).Create(c.ctx, claim, metav1.CreateOptions{}); err != nil {
-					b.Error(err)
-				}
-			}()
+			claims[i] = claim
 			pods[i] = &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p%04d", i), Namespace: ns},
 				Spec: v1.PodSpec{SchedulerName: profile, ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim.Name}},
 					Containers: []v1.Container{{Name: "main", Image: "busybox", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}}}}
 		}
-		wg.Wait()
+		inParallel(n, func(i int) {
+			if _, err := c.client.ResourceV1().ResourceClaims(ns).Create(c.ctx, claims[i], metav1.CreateOptions{}); err != nil {
+				b.Error(err)
+			}
+		})
 		done := c.watchBound(ns, n)
 		start := time.Now()
-		for i := range pods {
-			sem <- struct{}{}
-			wg.Add(1)
-			go func() {
-				defer func() { <-sem; wg.Done() }()
-				if _, err := c.client.CoreV1().Pods(ns).Create(c.ctx, pods[i], metav1.CreateOptions{}); err != nil {
-					b.Error(err)
-				}
-			}()
-		}
-		wg.Wait()
+		inParallel(n, func(i int) {
+			if _, err := c.client.CoreV1().Pods(ns).Create(c.ctx, pods[i], metav1.CreateOptions{}); err != nil {
+				b.Error(err)
+			}
+		})
 		select {
 		case <-done:
 		case <-time.After(2 * time.Minute):

@@ -98,31 +98,15 @@ func runThroughput(b *testing.B, tc throughputCase) {
 		deletesPerSec = 20
 	)
 	c := startCluster(b)
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 32)
-	for i := range tc.nodes {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			addPerfNode(b, c, fmt.Sprintf("node-%04d", i), gpusEach, i%2 == 0, extraName)
-		}()
-	}
-	wg.Wait()
+	inParallel(tc.nodes, func(i int) { addPerfNode(b, c, fmt.Sprintf("node-%04d", i), gpusEach, i%2 == 0, extraName) })
 	c.startScheduler("")
 	profiles := []string{baseline, tesseraScheduler}
 	create := func(ns string, pods []*v1.Pod) {
-		for i := range pods {
-			sem <- struct{}{}
-			wg.Add(1)
-			go func() {
-				defer func() { <-sem; wg.Done() }()
-				if _, err := c.client.CoreV1().Pods(ns).Create(c.ctx, pods[i], metav1.CreateOptions{}); err != nil {
-					b.Error(err)
-				}
-			}()
-		}
-		wg.Wait()
+		inParallel(len(pods), func(i int) {
+			if _, err := c.client.CoreV1().Pods(ns).Create(c.ctx, pods[i], metav1.CreateOptions{}); err != nil {
+				b.Error(err)
+			}
+		})
 	}
 	if tc.waiting > 0 {
 		ns := c.namespace("perf-waiting")
@@ -366,6 +350,22 @@ func (c *cluster) watchBound(ns string, n int) <-chan struct{} {
 	factory.Start(ctx.Done())
 	factory.WaitForCacheSync(ctx.Done())
 	return done
+}
+
+// inParallel calls f(0) … f(n-1), 32 at a time, and returns when all
+// have: the API server's requests of a benchmark's set-up and rounds.
+func inParallel(n int, f func(i int)) {
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 32)
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			f(i)
+		}()
+	}
+	wg.Wait()
 }
 
 func addPerfNode(b *testing.B, c *cluster, name string, gpus int, mps bool, extra string) {

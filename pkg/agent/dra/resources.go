@@ -163,9 +163,8 @@ func device(g gpu.Device, p Policy, h Held) resourceapi.Device {
 	return d
 }
 
-// mebibytesUp is a consumed memory in MiB, rounded up: a limit below
-// what was allocated would take from the tenant.
-func mebibytesUp(q resource.Quantity) int64 { return (q.Value() + 1<<20 - 1) >> 20 }
+// mebibytesUp is a consumed memory in MiB, rounded up (gpu.MiBUp).
+func mebibytesUp(q resource.Quantity) int64 { return gpu.MiBUp(q.Value()) }
 
 // grantOf checks a consumed memory (MiB) and cores (percent) against g and
 // turns them into a grant there (gpu.ClaimGrant).
