@@ -358,7 +358,7 @@ func New(opts Options) (*Agent, error) {
 			dc.StateDir = dra.DefaultPluginDir
 		}
 		if a.gpus != nil {
-			dc.DriverEdits = a.enforcer
+			dc.DriverEdits, dc.Isolator = a.enforcer, a.enforcer
 		}
 		if a.draDriver, err = dra.New(dc); err != nil {
 			return nil, err
@@ -395,7 +395,14 @@ func (a *Agent) newEnforcer() *isolation.Enforcer {
 	cfg := isolation.Config{Node: a.opts.Node, Client: a.opts.Client, NodePods: a.opts.NodePods, GPUs: a.gpus, NVML: a.opts.NVML,
 		Devices: a.devices, MPS: a.mpsMgr, NoTimeSlicer: a.noTimeSlicer, CgroupRoot: a.opts.CgroupRoot, Shim: a.shim != nil, NoShim: a.noShim,
 		DriverRoot: a.opts.DriverRoot, CDIHookPath: a.opts.CDIHookPath, Labels: a.seriesLabels, Event: a.event,
-		Publish: func(ctx context.Context) error { return a.Refresh(ctx, time.Now()) }}
+		Publish: func(ctx context.Context) error { return a.Refresh(ctx, time.Now()) },
+		// The driver is made after the enforcer; claims count once it is.
+		Claims: func() []gpu.ClaimTenant {
+			if a.draDriver == nil {
+				return nil
+			}
+			return a.draDriver.Tenants()
+		}}
 	cfg.TimeSliceClasses = a.mpsMgr == nil && a.timeSlices != nil && a.timeSlices.Enabled()
 	return isolation.New(cfg)
 }

@@ -41,6 +41,13 @@ type isolationNode struct {
 
 func newIsolationNode(t *testing.T) *isolationNode {
 	t.Helper()
+	return newIsolationNodeWith(t, nil)
+}
+
+// newIsolationNodeWith is newIsolationNode with the agent's options
+// changed by with (nil: none).
+func newIsolationNodeWith(t *testing.T, with func(*Options)) *isolationNode {
+	t.Helper()
 	n := &isolationNode{root: t.TempDir()}
 	srv := dgxh100.New()
 	nvmltest.Install(srv, func(i int) *nvmltest.Reading {
@@ -58,13 +65,28 @@ func newIsolationNode(t *testing.T) *isolationNode {
 	if err := os.MkdirAll(filepath.Join(n.root, "kubepods.slice"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(Options{Node: "n1", Config: config.Default(), Client: newNode(), NVML: srv, CgroupRoot: n.root,
-		NodePods: func() []*v1.Pod { n.mu.Lock(); defer n.mu.Unlock(); return append([]*v1.Pod(nil), n.pods...) }})
+	opts := Options{Node: "n1", Config: config.Default(), Client: newNode(), NVML: srv, CgroupRoot: n.root,
+		NodePods: func() []*v1.Pod { n.mu.Lock(); defer n.mu.Unlock(); return append([]*v1.Pod(nil), n.pods...) }}
+	if with != nil {
+		with(&opts)
+	}
+	a, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	n.a = a
 	return n
+}
+
+// podCgroup makes a pod's cgroup as kubelet's systemd driver names a
+// burstable pod's, and returns it.
+func podCgroup(t *testing.T, root string, uid types.UID) string {
+	t.Helper()
+	cg := filepath.Join(root, "kubepods.slice", "kubepods-burstable.slice", "kubepods-burstable-pod"+strings.ReplaceAll(string(uid), "-", "_")+".slice")
+	if err := os.MkdirAll(cg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return cg
 }
 
 // pod adds a running pod with one container's grant; withCgroup makes its

@@ -40,18 +40,32 @@ func DRADeviceIndex(name string) (int, bool) {
 	return i, true
 }
 
-// ClaimOffer is what holds a DRA claim's slice on a GPU with offer o: the
-// device plugin's offer, less the kernel's memory limits, which the agent
-// sets per pod cgroup and does not yet set for claims (their pods are known
-// only when a container starts). The MPS server's limits are left at the
-// whole GPU for claims for the same reason (GuaranteeOf with the whole GPU's
-// limits), so an MPS claim's memory is held by the shim where offered.
-func ClaimOffer(o IsolationOffer) IsolationOffer {
-	if o.KernelMemoryLimits {
+// ClaimOffer is what holds a DRA claim's slice on a GPU with offer o, for
+// a claim reserved for pods pods: the device plugin's offer where the claim
+// has one pod, whose cgroup then takes the kernel's memory limits as a
+// device-plugin pod's does; less the kernel's memory limits otherwise (a
+// claim shared by several pods, or reserved for none yet, has no one
+// cgroup to hold it, so the shim holds its memory where offered). An MPS
+// claim's slice is reported held by the whole GPU's server limits
+// (GuaranteeOf with ThreadPercent 100) whatever the server is given: the
+// server's limits can rise between the claim's preparation and its
+// container's first CUDA call, and the claim keeps what it connects under.
+func ClaimOffer(o IsolationOffer, pods int) IsolationOffer {
+	if o.KernelMemoryLimits && pods != 1 {
 		o.KernelMemoryLimits = false
-		o.Why = strings.TrimPrefix(o.Why+"; kernel memory limits: not set for DRA claims", "; ")
+		o.Why = strings.TrimPrefix(o.Why+"; kernel memory limits: not set for a claim shared by several pods", "; ")
 	}
 	return o
+}
+
+// ClaimTenant is a DRA claim prepared on a node, as the node's isolation
+// sees it: the claim's UID, the one pod it is reserved for ("" when shared
+// or reserved for none), and what it holds (one container's assignment:
+// every container given the claim shares it).
+type ClaimTenant struct {
+	Claim      string
+	Pod        string
+	Assignment ContainerAssignment
 }
 
 // ClaimMode is how a DRA claim that consumed coresPercent of a GPU runs

@@ -18,9 +18,15 @@ func TestDRADeviceIndex(t *testing.T) {
 }
 
 func TestClaimOfferAndMode(t *testing.T) {
-	o := ClaimOffer(IsolationOffer{KernelMemoryLimits: true, Shim: true})
-	if o.KernelMemoryLimits || !o.Shim || o.Why != "kernel memory limits: not set for DRA claims" {
-		t.Errorf("ClaimOffer: %+v", o)
+	offer := IsolationOffer{KernelMemoryLimits: true, Shim: true}
+	if o := ClaimOffer(offer, 1); o != offer {
+		t.Errorf("ClaimOffer, one pod: %+v, want the offer itself", o)
+	}
+	for _, pods := range []int{0, 2} {
+		o := ClaimOffer(offer, pods)
+		if o.KernelMemoryLimits || !o.Shim || o.Why != "kernel memory limits: not set for a claim shared by several pods" {
+			t.Errorf("ClaimOffer, %d pods: %+v", pods, o)
+		}
 	}
 	for _, tc := range []struct {
 		cores int64

@@ -59,6 +59,9 @@ type Tenant struct {
 	// reserved for, if any, and Container is empty: every container the
 	// claim is given shares its slice.
 	Claim string `json:"claim,omitempty"`
+	// claimPods is how many pods the claim is reserved for: the kernel's
+	// memory limits hold a claim of one pod only (gpu.ClaimOffer).
+	claimPods int
 	// Live usage, when an agent reported it.
 	Live          bool    `json:"live"`
 	UsedMiB       int64   `json:"usedMiB,omitempty"`
@@ -335,7 +338,7 @@ func setIsolation(g *GPU) {
 		}
 		offer := g.Offer
 		if t.Claim != "" {
-			offer = gpu.ClaimOffer(offer)
+			offer = gpu.ClaimOffer(offer, t.claimPods)
 		}
 		t.Isolation = gpu.GuaranteeOf(t.Mode, t.grant, offer, gpu.MPSServerLimits{ThreadPercent: 100})
 	}
@@ -367,14 +370,16 @@ func addClaims(ctx context.Context, client kubernetes.Interface, snap *Snapshot,
 		if c.Status.Allocation == nil {
 			continue
 		}
-		pod, state := "-", "Allocated"
+		pod, state, pods := "-", "Allocated", 0
 		for _, r := range c.Status.ReservedFor {
-			if r.Resource == "pods" {
+			if r.Resource != "pods" {
+				continue
+			}
+			if pods++; pods == 1 {
 				pod, state = r.Name, "Reserved" // for a pod this look did not find
 				if ph, ok := phase[c.Namespace+"/"+r.Name]; ok {
 					state = ph
 				}
-				break
 			}
 		}
 		if c.DeletionTimestamp != nil {
@@ -397,7 +402,7 @@ func addClaims(ctx context.Context, client kubernetes.Interface, snap *Snapshot,
 			}
 			mode, grant := gpu.ClaimGrant(gpu.Device{UUID: g.UUID, Index: g.Index, MemoryMiB: g.MemoryMiB, MPSCapable: g.MPS}, memMiB, pct)
 			g.Tenants = append(g.Tenants, Tenant{Namespace: c.Namespace, Pod: pod, Claim: c.Name, Mode: mode, MemoryMiB: grant.MemoryMiB,
-				CoresPercent: grant.CoresPercent(), State: state, grant: grant})
+				CoresPercent: grant.CoresPercent(), State: state, grant: grant, claimPods: pods})
 			placed[g.Node] = append(placed[g.Node], placedPod{assignment: &gpu.PodAssignment{Node: g.Node,
 				Containers: []gpu.ContainerAssignment{{Name: "claim-" + c.Name, Mode: mode, GPUs: []gpu.GPUGrant{grant}}}}})
 		}

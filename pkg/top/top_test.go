@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
@@ -229,25 +230,30 @@ func TestClaimTenants(t *testing.T) {
 	running := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pod-slice", Namespace: "ns"}, Status: v1.PodStatus{Phase: v1.PodRunning}}
 	other := claim("nic", "eth0", nil)
 	other.Status.Allocation.Devices.Results[0].Driver = "net.example.com"
+	shared := claim("shared", "gpu-0", map[resourceapi.QualifiedName]string{"memory": "20Gi", "cores": "25", "slices": "1"})
+	shared.Status.ReservedFor = append(shared.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: "pod-shared-2"})
 	client := fake.NewClientset(node, running, claim("slice", "gpu-0", map[resourceapi.QualifiedName]string{"memory": "10Gi", "cores": "25", "slices": "1"}),
-		claim("whole", "gpu-1", map[resourceapi.QualifiedName]string{"memory": "80Gi", "cores": "100", "slices": "1"}), other)
+		claim("whole", "gpu-1", map[resourceapi.QualifiedName]string{"memory": "80Gi", "cores": "100", "slices": "1"}), other, shared)
 	snap, err := Collect(context.Background(), client)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := len(snap.GPUs[0].Tenants); n != 1 || snap.GPUs[0].Tenants[0].Claim != "slice" || snap.GPUs[0].Tenants[0].Pod != "pod-slice" ||
-		snap.GPUs[0].Tenants[0].MemoryMiB != 10240 || snap.GPUs[0].Tenants[0].CoresPercent != 25 || snap.GPUs[0].Mode() != "time-slicing" {
-		t.Errorf("GPU 0's tenants %+v, mode %s; want the slice claim's 10240 MiB and 25 %%, time-sliced", snap.GPUs[0].Tenants, snap.GPUs[0].Mode())
+	i := slices.IndexFunc(snap.GPUs[0].Tenants, func(t Tenant) bool { return t.Claim == "slice" })
+	if n := len(snap.GPUs[0].Tenants); n != 2 || i < 0 || snap.GPUs[0].Tenants[i].Pod != "pod-slice" ||
+		snap.GPUs[0].Tenants[i].MemoryMiB != 10240 || snap.GPUs[0].Tenants[i].CoresPercent != 25 || snap.GPUs[0].Mode() != "time-slicing" {
+		t.Errorf("GPU 0's tenants %+v, mode %s; want the slice claim's 10240 MiB and 25 %%, time-sliced, and the shared one", snap.GPUs[0].Tenants, snap.GPUs[0].Mode())
 	}
 	if snap.GPUs[1].Mode() != "exclusive" || snap.GPUs[1].GrantedCores() != 100 {
 		t.Errorf("GPU 1 with a whole-GPU claim: mode %s, cores %d", snap.GPUs[1].Mode(), snap.GPUs[1].GrantedCores())
 	}
-	if f := snap.Fragmentation; f.FreeGPUs > 0.75+1e-9 {
-		t.Errorf("free GPUs %.2f: the claims' GPUs count as taken (want at most 0.75)", f.FreeGPUs)
+	if f := snap.Fragmentation; f.FreeGPUs > 0.5+1e-9 {
+		t.Errorf("free GPUs %.2f: the claims' GPUs count as taken (want at most 0.5)", f.FreeGPUs)
 	}
 	text := render(t, snap)
-	// The kernel's limits are not set for claims: the shim holds them.
-	for _, want := range []string{"ns/pod-slice (claim slice)", "Running", "10240  25%    shim/shim", "ns/pod-whole (claim whole)", "Reserved"} {
+	// The kernel's limits hold a claim of one pod, as a device-plugin
+	// pod's; a claim shared by two pods has no one cgroup: the shim.
+	for _, want := range []string{"ns/pod-slice (claim slice)", "Running", "10240  25%    kernel/shim", "ns/pod-shared (claim shared)", "20480  25%    shim/shim",
+		"ns/pod-whole (claim whole)", "Reserved"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("table lacks %q:\n%s", want, text)
 		}

@@ -45,6 +45,11 @@ type preparedClaim struct {
 	CDIDevice string `json:"cdiDevice"`
 	// Shim: the claim's libtessera directory was (or was being) written.
 	Shim bool `json:"shim,omitempty"`
+	// Pod is the one pod the claim was reserved for when it was prepared,
+	// whose cgroup holds its kernel memory limits; empty for a claim
+	// shared by several pods (and in checkpoints written before it was
+	// recorded: those claims keep no kernel limit).
+	Pod types.UID `json:"pod,omitempty"`
 }
 
 // allocatedDevice is one result of a claim's allocation.

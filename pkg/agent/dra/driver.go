@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -48,6 +49,12 @@ type DriverEditor interface {
 	DriverEdits(uuids []string) (*specs.ContainerEdits, error)
 }
 
+// Isolator puts a claim's limits in force before its containers start and
+// says what holds its slices: the agent's isolation.Enforcer.
+type Isolator interface {
+	IsolateClaim(ctx context.Context, c gpu.ClaimTenant, claims []gpu.ClaimTenant) ([]gpu.Guarantee, error)
+}
+
 // Config is what a Driver needs.
 type Config struct {
 	Node string
@@ -62,6 +69,11 @@ type Config struct {
 	PipeDir deviceplugin.PipeDir
 	// DriverEdits, when set, gives the driver's edits for a claim's GPUs.
 	DriverEdits DriverEditor
+	// Isolator, when set, puts each claim's limits in force (the MPS
+	// server's, the kernel's memory limits for a claim of one pod) and
+	// says what holds it; without it a claim's slices are held by what
+	// needs no agent-set limit (the device, the shim, MPS's variables).
+	Isolator Isolator
 	// Shim, when set, puts libtessera into the containers of claims whose
 	// slices it holds; a claim that needs it on an agent without it is
 	// refused.
@@ -154,16 +166,32 @@ func (d *Driver) Prepared() []types.UID {
 // GPUs (one container's: every container given the claim shares it), for
 // the agent's slice counts.
 func (d *Driver) Assignments() []gpu.ContainerAssignment {
+	var out []gpu.ContainerAssignment
+	for _, t := range d.Tenants() {
+		out = append(out, t.Assignment)
+	}
+	return out
+}
+
+// Tenants returns the prepared claims as tenants of their GPUs, sorted by
+// claim UID, for the node's isolation (the MPS server's and the kernel's
+// limits count them) and preemption's reclaim.
+func (d *Driver) Tenants() []gpu.ClaimTenant {
 	inv := d.cfg.Inventory.Published()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	var out []gpu.ContainerAssignment
-	for _, rec := range d.claims {
+	return d.tenantsLocked(inv)
+}
+
+func (d *Driver) tenantsLocked(inv *gpu.NodeInventory) []gpu.ClaimTenant {
+	var out []gpu.ClaimTenant
+	for _, uid := range slices.Sorted(maps.Keys(d.claims)) {
+		rec := d.claims[uid]
 		if rec.State != statePrepared {
 			continue
 		}
 		if a, err := assignmentOn(inv, d.cfg.Node, rec.Name, rec.Devices); err == nil {
-			out = append(out, a)
+			out = append(out, gpu.ClaimTenant{Claim: string(uid), Pod: string(rec.Pod), Assignment: a})
 		}
 	}
 	return out
@@ -257,13 +285,27 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 			return nil, fmt.Errorf("the driver's files and device nodes for GPUs %v: %w", uuids, err)
 		}
 	}
-	for _, g := range assignment.GPUs {
-		dev := gpuByUUID(inv, g.UUID)
-		e.Guarantees = append(e.Guarantees, gpu.GuaranteeOf(assignment.Mode, g, gpu.ClaimOffer(dev.Offer()), gpu.MPSServerLimits{ThreadPercent: 100}))
+	var pod types.UID // the claim's one pod; none when shared
+	if p, ok := onlyPod(c); ok {
+		pod = p
+	}
+	tenant := gpu.ClaimTenant{Claim: string(c.UID), Pod: string(pod), Assignment: assignment}
+	if d.cfg.Isolator != nil {
+		// Its limits go in force before anything is recorded: a refusal
+		// leaves no file, and the reconciliation takes back limits set
+		// for a claim that was not prepared.
+		if e.Guarantees, err = d.cfg.Isolator.IsolateClaim(ctx, tenant, append(d.tenantsLocked(inv), tenant)); err != nil {
+			return nil, err
+		}
+	} else {
+		for _, g := range assignment.GPUs {
+			dev := gpuByUUID(inv, g.UUID)
+			e.Guarantees = append(e.Guarantees, gpu.GuaranteeOf(assignment.Mode, g, gpu.ClaimOffer(dev.Offer(), 0), gpu.MPSServerLimits{ThreadPercent: 100}))
+		}
 	}
 	e.Env = append(e.Env, deviceplugin.IsolationEnv+"="+deviceplugin.IsolationValue(e.Guarantees))
 	rec := &preparedClaim{Namespace: c.Namespace, Name: c.Name, State: statePreparing, Devices: mine, CDIDevice: CDIKind + "=" + string(c.UID),
-		Shim: gpu.NeedsShim(e.Guarantees)}
+		Shim: gpu.NeedsShim(e.Guarantees), Pod: pod}
 	if rec.Shim && d.cfg.Shim == nil {
 		return nil, errors.New("its slices are held by libtessera, which this agent was not given (--shim-dir)")
 	}
@@ -287,7 +329,7 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 			e.Mounts = append(e.Mounts, deviceplugin.Mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, Options: []string{"rbind", opt}})
 		}
 	}
-	if pod, ok := onlyPod(c); ok && d.cfg.NoticeDir != nil {
+	if pod != "" && d.cfg.NoticeDir != nil {
 		// The preemption contract: the notice appears here, and the
 		// workload reports its checkpoint here.
 		dir := d.cfg.NoticeDir(string(pod))

@@ -119,7 +119,9 @@ func device(g gpu.Device, p Policy, h Held) resourceapi.Device {
 		}
 	}
 	mode := gpu.ClaimMode(0, g.MPSCapable) // how a slice of it runs
-	held := gpu.GuaranteeOf(mode, gpu.GPUGrant{}, gpu.ClaimOffer(g.Offer()), gpu.MPSServerLimits{ThreadPercent: 100})
+	// What holds a slice of it for a claim of one pod, the usual claim (a
+	// claim shared by several pods loses the kernel's memory limits).
+	held := gpu.GuaranteeOf(mode, gpu.GPUGrant{}, gpu.ClaimOffer(g.Offer(), 1), gpu.MPSServerLimits{ThreadPercent: 100})
 	peers := make([]string, len(g.NVLinkPeers))
 	for i, n := range g.NVLinkPeers {
 		peers[i] = strconv.Itoa(n)

@@ -46,12 +46,14 @@ func TestResources(t *testing.T) {
 		peers, memory, slices                string
 		tainted                              bool
 	}{
-		// MPS: the server's limits are left at the whole GPU for claims,
-		// so the shim holds memory and MPS's client limit compute.
+		// MPS: a claim is reported under the whole GPU's server limits
+		// (they may rise before it connects), so the shim holds memory
+		// and MPS's client limit compute.
 		{0, "gpu-0", "GPU-0", "mps", "shim", "mps-client", "1", "120Gi", "4", false},
-		// Time-sliced: the kernel limit is not set for claims; the shim
-		// holds both. No adjuster limit: the cores bound the claims.
-		{1, "gpu-1", "GPU-1", "time-slicing", "shim", "shim", "0", "120Gi", "100", false},
+		// Time-sliced: the kernel limit holds a claim of one pod's memory,
+		// the shim its compute. No adjuster limit: the cores bound the
+		// claims.
+		{1, "gpu-1", "GPU-1", "time-slicing", "kernel", "shim", "0", "120Gi", "100", false},
 		{2, "gpu-2", "GPU-2", "time-slicing", "none", "none", "", "60Gi", "2", true},
 	} {
 		d := devs[tc.i]

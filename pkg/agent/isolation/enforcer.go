@@ -73,6 +73,10 @@ type Config struct {
 	Event func(ctx context.Context, eventType, reason, note string)
 	// Publish publishes the node's inventory again (new offers).
 	Publish func(ctx context.Context) error
+	// Claims, when set, lists the DRA claims prepared on the node (the
+	// driver's): they are tenants of their GPUs as device-plugin pods are,
+	// for the MPS server's limits and the kernel's memory limits.
+	Claims func() []gpu.ClaimTenant
 }
 
 // Enforcer is one node's isolation.
@@ -368,19 +372,27 @@ func (e *Enforcer) MPSTampered(uuid string, drift []mps.Drift) {
 // correct for its MPS tenants among pods, reads them back, and returns what
 // a client connecting now is held to: those limits, or the whole GPU
 // (unverifiedServer) when they do not read back as set.
-func (e *Enforcer) mpsServerLimits(ctx context.Context, uuid string, pods []activePod) (gpu.MPSServerLimits, error) {
+func (e *Enforcer) mpsServerLimits(ctx context.Context, uuid string, pods []activePod, claims []gpu.ClaimTenant) (gpu.MPSServerLimits, error) {
 	var grants []gpu.GPUGrant
-	for _, p := range pods {
-		for _, c := range p.asg.Containers {
-			if c.Mode != gpu.ModeMPS {
-				continue
-			}
-			for _, g := range c.GPUs {
-				if g.UUID == uuid {
-					grants = append(grants, g)
-				}
+	add := func(c gpu.ContainerAssignment) {
+		if c.Mode != gpu.ModeMPS {
+			return
+		}
+		for _, g := range c.GPUs {
+			if g.UUID == uuid {
+				grants = append(grants, g)
 			}
 		}
+	}
+	for _, p := range pods {
+		for _, c := range p.asg.Containers {
+			add(c)
+		}
+	}
+	// A claim's client is held to the server's limits too: limits set for
+	// the device plugin's tenants alone would take from a larger claim.
+	for _, c := range claims {
+		add(c.Assignment)
 	}
 	want := gpu.MPSServerLimitsFor(grants)
 	e.mpsLimitsMu.Lock()
@@ -404,10 +416,10 @@ func (e *Enforcer) mpsServerLimits(ctx context.Context, uuid string, pods []acti
 // limits — and says what holds each of its slices. An error refuses the
 // container.
 func (e *Enforcer) Isolate(ctx context.Context, pod *v1.Pod, c gpu.ContainerAssignment) ([]gpu.Guarantee, error) {
-	pods := e.activePods(pod)
+	pods, claims := e.activePods(pod), e.claims()
 	if c.Mode == gpu.ModeMPS && e.cfg.MPS != nil {
 		for _, g := range c.GPUs {
-			l, err := e.mpsServerLimits(ctx, g.UUID, pods)
+			l, err := e.mpsServerLimits(ctx, g.UUID, pods, claims)
 			if err != nil {
 				return nil, fmt.Errorf("MPS server limits of GPU %s: %w", g.UUID, err)
 			}
@@ -425,7 +437,7 @@ func (e *Enforcer) Isolate(ctx context.Context, pod *v1.Pod, c gpu.ContainerAssi
 		}
 	}
 	if e.limiter != nil {
-		plan := memlimit.Plan(memlimitPods(pods), e.limitedGPUs())
+		plan := memlimit.Plan(memlimitPods(pods, claims), e.limitedGPUs())
 		if err := e.limiter.ApplyPod(ctx, string(pod.UID), memlimit.ForPod(plan, string(pod.UID))); err != nil {
 			return nil, fmt.Errorf("kernel GPU memory limit: %w", err)
 		}
@@ -446,12 +458,73 @@ func (e *Enforcer) Isolate(ctx context.Context, pod *v1.Pod, c gpu.ContainerAssi
 	return gs, nil
 }
 
-func memlimitPods(pods []activePod) []memlimit.Pod {
-	out := make([]memlimit.Pod, len(pods))
-	for i, p := range pods {
-		out[i] = memlimit.Pod{UID: string(p.pod.UID), Assignment: p.asg}
+// claims are the node's prepared DRA claims (none without a driver).
+func (e *Enforcer) claims() []gpu.ClaimTenant {
+	if e.cfg.Claims == nil {
+		return nil
+	}
+	return e.cfg.Claims()
+}
+
+// memlimitPods are the GPUs' tenants as memlimit.Plan takes them: the
+// device plugin's pods, then each pod holding claims of its own (one
+// "container" per claim), then every claim shared by several pods under
+// a name no pod cgroup has. A shared claim gets no kernel limit (there is
+// no one cgroup to hold it: the shim holds it), but its grant counts in
+// its GPU's total, so the other tenants' soft limits leave it its share.
+func memlimitPods(pods []activePod, claims []gpu.ClaimTenant) []memlimit.Pod {
+	out := make([]memlimit.Pod, 0, len(pods)+len(claims))
+	for _, p := range pods {
+		out = append(out, memlimit.Pod{UID: string(p.pod.UID), Assignment: p.asg})
+	}
+	byPod := map[string]*gpu.PodAssignment{}
+	for _, c := range claims {
+		uid := c.Pod
+		if uid == "" {
+			uid = "claim:" + c.Claim // never a cgroup's pod UID
+		}
+		a := byPod[uid]
+		if a == nil {
+			a = &gpu.PodAssignment{}
+			byPod[uid] = a
+			out = append(out, memlimit.Pod{UID: uid, Assignment: a})
+		}
+		a.Containers = append(a.Containers, c.Assignment)
 	}
 	return out
+}
+
+// IsolateClaim puts a DRA claim's limits in force before its containers
+// start (kubelet prepares claims after making the pod's cgroup and before
+// its sandbox): its GPUs' MPS server limits, counting it, and, for a claim
+// of one pod, that pod's kernel memory limits. It says what holds each of
+// the claim's slices (gpu.ClaimOffer). claims are every claim of the node,
+// this one included, as the driver holds them while it prepares this one.
+// An error refuses the claim; kubelet retries.
+func (e *Enforcer) IsolateClaim(ctx context.Context, c gpu.ClaimTenant, claims []gpu.ClaimTenant) ([]gpu.Guarantee, error) {
+	pods := e.activePods(nil)
+	if c.Assignment.Mode == gpu.ModeMPS && e.cfg.MPS != nil {
+		for _, g := range c.Assignment.GPUs {
+			if _, err := e.mpsServerLimits(ctx, g.UUID, pods, claims); err != nil {
+				return nil, fmt.Errorf("MPS server limits of GPU %s: %w", g.UUID, err)
+			}
+		}
+	}
+	reservedFor := 0 // pods whose cgroup holds the claim: one, or none
+	if c.Pod != "" {
+		reservedFor = 1
+	}
+	if e.limiter != nil && c.Pod != "" {
+		plan := memlimit.Plan(memlimitPods(pods, claims), e.limitedGPUs())
+		if err := e.limiter.ApplyPod(ctx, c.Pod, memlimit.ForPod(plan, c.Pod)); err != nil {
+			return nil, fmt.Errorf("kernel GPU memory limit: %w", err)
+		}
+	}
+	gs := make([]gpu.Guarantee, len(c.Assignment.GPUs))
+	for i, g := range c.Assignment.GPUs {
+		gs[i] = gpu.GuaranteeOf(c.Assignment.Mode, g, gpu.ClaimOffer(e.Offer(g.UUID), reservedFor), gpu.MPSServerLimits{ThreadPercent: 100})
+	}
+	return gs, nil
 }
 
 // guaranteesOf is what holds each slice of a pod. A kernel limit or a
@@ -554,14 +627,14 @@ func (e *Enforcer) report(ctx context.Context, pod *v1.Pod, held []gpu.SliceGuar
 func (e *Enforcer) Reconcile(ctx context.Context) {
 	e.checkDriver(ctx)
 	logger := klog.FromContext(ctx)
-	pods := e.activePods(nil)
+	pods, claims := e.activePods(nil), e.claims()
 	e.forgetEndedMPSClients(pods)
 	if e.cfg.MPS != nil {
 		for _, d := range e.cfg.Devices {
 			if d.MIGEnabled {
 				continue
 			}
-			if _, err := e.mpsServerLimits(ctx, d.UUID, pods); err != nil {
+			if _, err := e.mpsServerLimits(ctx, d.UUID, pods, claims); err != nil {
 				logger.Error(err, "Setting MPS server limits failed; retrying at the next pass", "gpu", d.UUID)
 			}
 		}
@@ -578,7 +651,7 @@ func (e *Enforcer) Reconcile(ctx context.Context) {
 	if len(offering) == 0 {
 		return
 	}
-	res, err := e.limiter.Reconcile(ctx, memlimit.Plan(memlimitPods(pods), e.limitedGPUs()), offering)
+	res, err := e.limiter.Reconcile(ctx, memlimit.Plan(memlimitPods(pods, claims), e.limitedGPUs()), offering)
 	if err != nil && !errors.Is(err, context.Canceled) {
 		logger.Error(err, "Reconciling kernel GPU memory limits failed in part; retrying at the next pass")
 	}
