@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	drapbv1 "k8s.io/kubelet/pkg/apis/dra/v1"
@@ -40,6 +41,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent/dra"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/patch"
+	"github.com/tessera-gpu/tessera/pkg/podgpu"
 	"github.com/tessera-gpu/tessera/pkg/preemption"
 )
 
@@ -740,9 +742,58 @@ func (k *kubelet) startPod(ctx context.Context, pod *v1.Pod) error {
 		k.stopAt[uid] = time.AfterFunc(d, func() { k.complete(k.nodeCtx, uid) })
 	}
 	k.mu.Unlock()
-	k.load.start(pod, ids)
+	asg, _ := podgpu.BoundAssignment(pod)
+	if asg == nil && len(pod.Spec.ResourceClaims) > 0 {
+		asg = k.claimAssignment(ctx, pod)
+	}
+	k.load.start(pod, asg, ids)
 	logger.V(2).Info("Pod running", "slots", slots)
 	return nil
+}
+
+// claimAssignment is what pod's gpu.tessera.dev claims hold on this node,
+// as an assignment of the containers given them (a claim's process runs in
+// the first), for the pod's simulated GPU processes: a claim pod's GPUs
+// are busy, and its processes can be left behind, as a device-plugin
+// pod's. Claims that cannot be read give no process.
+func (k *kubelet) claimAssignment(ctx context.Context, pod *v1.Pod) *gpu.PodAssignment {
+	a := &gpu.PodAssignment{Node: k.node}
+	for i := range pod.Spec.ResourceClaims {
+		pc := &pod.Spec.ResourceClaims[i]
+		name, _, err := resourceclaim.Name(pod, pc)
+		if err != nil || name == nil {
+			continue
+		}
+		claim, err := k.client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, *name, metav1.GetOptions{})
+		if err != nil || claim.Status.Allocation == nil {
+			continue
+		}
+		container := pod.Spec.Containers[0].Name
+	find:
+		for _, c := range pod.Spec.Containers {
+			for _, r := range c.Resources.Claims {
+				if r.Name == pc.Name {
+					container = c.Name
+					break find
+				}
+			}
+		}
+		for _, r := range claim.Status.Allocation.Devices.Results {
+			index, ok := gpu.DRADeviceIndex(r.Device)
+			uuid := k.load.uuidAt(index)
+			if r.Driver != gpu.DRADriver || r.Pool != k.node || !ok || uuid == "" {
+				continue
+			}
+			mem, cores := r.ConsumedCapacity[gpu.DRAMemory], r.ConsumedCapacity[gpu.DRACores]
+			mode := gpu.ModeTimeSlicing
+			if cores.Value() >= 100 {
+				mode = gpu.ModeExclusive
+			}
+			a.Containers = append(a.Containers, gpu.ContainerAssignment{Name: container, Mode: mode,
+				GPUs: []gpu.GPUGrant{{UUID: uuid, MemoryMiB: gpu.MiBUp(mem.Value()), CoresPerMille: int(cores.Value()) * gpu.CoresPerGPU / 100}}})
+		}
+	}
+	return a
 }
 
 // admit takes slots for every GPU container, as kubelet's device manager

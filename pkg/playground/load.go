@@ -19,7 +19,6 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/nvml/nvmltest"
-	"github.com/tessera-gpu/tessera/pkg/podgpu"
 )
 
 // load simulates the GPU processes of a node's running containers on its
@@ -186,10 +185,10 @@ func busy(pod *v1.Pod, container string) float64 {
 	return 0.55 + float64(h.Sum32()%41)/100
 }
 
-// start gives each GPU container of pod one process per assigned GPU.
-func (l *load) start(pod *v1.Pod, containerIDs map[string]string) {
-	a, err := podgpu.BoundAssignment(pod)
-	if err != nil || a == nil {
+// start gives each GPU container of pod one process per GPU of a (the
+// pod's assignment, or what its claims hold; nil: none).
+func (l *load) start(pod *v1.Pod, a *gpu.PodAssignment, containerIDs map[string]string) {
+	if a == nil {
 		return
 	}
 	l.mu.Lock()
@@ -214,6 +213,16 @@ func (l *load) start(pod *v1.Pod, containerIDs map[string]string) {
 			l.pids[pod.UID] = append(l.pids[pod.UID], pid)
 		}
 	}
+}
+
+// uuidAt is the UUID of the GPU with NVML index i ("" for none).
+func (l *load) uuidAt(i int) string {
+	for uuid, at := range l.byUUID {
+		if at == i {
+			return uuid
+		}
+	}
+	return ""
 }
 
 // writeCgroup writes the process's cgroup as the systemd driver names it.
