@@ -50,6 +50,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
@@ -353,7 +354,8 @@ func New(opts Options) (*Agent, error) {
 	a.plugin = deviceplugin.New(dpc)
 	if opts.DRA.Mode != "" && opts.DRA.Mode != DRANever {
 		dc := dra.Config{Node: opts.Node, CDIDir: opts.CDIDir, StateDir: opts.DRA.PluginDir, Inventory: a.pub, PipeDir: pipe, Shim: a.shim,
-			MemoryOversubscription: cfg.Allocator.MemoryOversubscription, Booked: a.bookedByDevicePlugin, Pods: opts.Pods, SchedulerNames: opts.SchedulerNames, NoticeDir: noticeDir}
+			MemoryOversubscription: cfg.Allocator.MemoryOversubscription, Booked: a.bookedByDevicePlugin, Pods: opts.Pods, SchedulerNames: opts.SchedulerNames, NoticeDir: noticeDir,
+			Reclaiming: a.preempt.Reclaiming}
 		if dc.StateDir == "" {
 			dc.StateDir = dra.DefaultPluginDir
 		}
@@ -425,7 +427,14 @@ func installShim(opts Options) (*shim.Dir, error) {
 func (a *Agent) newPreemptor() *nodepreempt.Preemptor {
 	cfg := nodepreempt.Config{Node: a.opts.Node, Client: a.opts.Client, NodePods: a.opts.NodePods, NoticeRoot: a.opts.NoticeRoot,
 		Signal: a.opts.Signal, Quarantine: a.health.Fault, Event: a.event,
-		Publish: func(ctx context.Context) error { return a.Refresh(ctx, time.Now()) }}
+		Publish: func(ctx context.Context) error { return a.Refresh(ctx, time.Now()) },
+		// The driver is made after the preemptor; claims count once it is.
+		ClaimGPUs: func() map[types.UID][]string {
+			if a.draDriver == nil {
+				return nil
+			}
+			return a.draDriver.GPUsByPod()
+		}}
 	for _, d := range a.devices {
 		cfg.GPUs = append(cfg.GPUs, d.UUID)
 	}

@@ -180,12 +180,21 @@ func claimPod(t *testing.T, c *playground.Cluster, ns, name, class string, ann m
 // preempts a lower-priority claim holder, which upstream's scheduler
 // cannot do in Kubernetes 1.37: the victim gets its notice, is stopped at
 // its deadline, its claim is deallocated by the ResourceClaim controller,
-// and the preemptor's claim is allocated that GPU and prepared.
+// and the preemptor's claim is allocated that GPU and prepared — only
+// once the agent has killed the process the victim left on the GPU (the
+// last level), though the claim was free before.
 func TestDRAPreemption(t *testing.T) {
 	c, _ := up(t, playground.Options{Nodes: 1, GPUsPerNode: 1, Model: "h100", DRANodes: 1})
 	const ns = "drapreempt"
-	claimPod(t, c, ns, "low", "gpu-standard", map[string]string{preemption.AnnotationGrace: "2s"})
+	node := c.Nodes[0]
+	killedSeries := `tessera_reclaim_killed_processes_total{node="` + node.Name + `"}`
+	refusedSeries := `tessera_dra_prepare_refusals_total{node="` + node.Name + `",reason="reclaiming"}`
+	killedBefore := value(scrape(t, node.MetricsURL), killedSeries)
+	claimPod(t, c, ns, "low", "gpu-standard", map[string]string{preemption.AnnotationGrace: "2s", playground.AnnotationLeftover: string(playground.LeftoverProcess)})
 	low := waitRunning(t, c.Client, ns, []string{"low"}, time.Minute)["low"]
+	if procs := processesOf(t, node, string(low.UID)); len(procs) != 1 {
+		t.Fatalf("the victim's claim runs %v processes on the GPU, want 1", procs)
+	}
 	lowClaim, err := c.Client.ResourceV1().ResourceClaims(ns).Get(context.Background(), "low", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -206,6 +215,15 @@ func TestDRAPreemption(t *testing.T) {
 	}
 	took := runningAfter(t, c.Client, ns, "high", start, time.Minute)
 	t.Logf("claim preemption: preemptor Running %v after creation (victim's grace 2 s)", took.Round(time.Millisecond))
+	// Its containers started after the victim's leftover was killed.
+	if left := processesOf(t, node, string(low.UID)); len(left) > 0 {
+		t.Errorf("the preemptor runs while the victim's processes %v still hold the GPU", left)
+	}
+	metrics := scrape(t, node.MetricsURL)
+	if d := value(metrics, killedSeries) - killedBefore; d != 1 {
+		t.Errorf("agent counted %v killed leftovers, want the victim's 1", d)
+	}
+	t.Logf("prepares of the preemptor's claim put off while the victim's GPU was reclaimed: %v", value(metrics, refusedSeries))
 	if ev := events(t, c.Client, ns, "low"); !hasAll(ev, "PreemptionNotice") {
 		t.Errorf("victim events %v; want its PreemptionNotice", ev)
 	}

@@ -98,6 +98,10 @@ type Config struct {
 	// for a pod naming another scheduler is refused (ErrNotTesseraScheduled),
 	// checked where Pods is set.
 	SchedulerNames []string
+	// Reclaiming, when set, names a preempted pod whose leftover processes
+	// may still hold one of the GPUs (nodepreempt.Preemptor.Reclaiming): a
+	// claim is not prepared there until the agent has reclaimed them.
+	Reclaiming func(gpus []string) (victim string, busy bool)
 	// Booked, when set, gives the assignments of this node's pods placed
 	// through the device plugin that still hold GPUs: a claim is checked
 	// against them and the claims prepared before it.
@@ -181,6 +185,25 @@ func (d *Driver) Tenants() []gpu.ClaimTenant {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.tenantsLocked(inv)
+}
+
+// GPUsByPod returns the GPUs of the prepared claims reserved for one pod,
+// per pod: preemption's reclaim looks for a victim's leftover processes
+// there (a claim holder's GPUs are not in its pod). A claim several pods
+// share is left out: evicting one of them frees nothing.
+func (d *Driver) GPUsByPod() map[types.UID][]string {
+	out := map[types.UID][]string{}
+	for _, t := range d.Tenants() {
+		if t.Pod == "" {
+			continue
+		}
+		for _, g := range t.Assignment.GPUs {
+			if !slices.Contains(out[types.UID(t.Pod)], g.UUID) {
+				out[types.UID(t.Pod)] = append(out[types.UID(t.Pod)], g.UUID)
+			}
+		}
+	}
+	return out
 }
 
 func (d *Driver) tenantsLocked(inv *gpu.NodeInventory) []gpu.ClaimTenant {
@@ -271,6 +294,15 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 	}
 	if err := d.honoured(inv, c.UID, assignment); err != nil {
 		return nil, err
+	}
+	if d.cfg.Reclaiming != nil {
+		uuids := make([]string, len(assignment.GPUs))
+		for i, g := range assignment.GPUs {
+			uuids[i] = g.UUID
+		}
+		if victim, busy := d.cfg.Reclaiming(uuids); busy {
+			return nil, fmt.Errorf("%w: %s may have left processes there, which the agent kills before the claim's containers start; kubelet retries", ErrReclaiming, victim)
+		}
 	}
 	e, err := deviceplugin.EditsFor(assignment, d.cfg.PipeDir)
 	if err != nil {
@@ -407,6 +439,10 @@ var ErrLeavesSlice = errors.New("a pod the claim is reserved for could leave its
 // GPU (first fit, from its own view of what is free), so the claim is not
 // prepared.
 var ErrNotTesseraScheduled = errors.New("a pod the claim is reserved for was not scheduled by a Tessera profile")
+
+// ErrReclaiming: the claim's GPU may still hold a preempted pod's leftover
+// processes; the agent kills them first, and kubelet's retry prepares it.
+var ErrReclaiming = errors.New("its GPU is still being reclaimed from a preempted pod")
 
 func (d *Driver) schedulers() []string {
 	if len(d.cfg.SchedulerNames) == 0 {

@@ -12,10 +12,11 @@ const (
 	refusedOvercommitted = "overcommitted"
 	refusedLeavesSlice   = "pod-leaves-slice"
 	refusedNotTessera    = "not-tessera-scheduled"
+	refusedReclaiming    = "reclaiming"
 	refusedOther         = "other"
 )
 
-var refusalReasons = []string{refusedNoCapacity, refusedOvercommitted, refusedLeavesSlice, refusedNotTessera, refusedOther}
+var refusalReasons = []string{refusedNoCapacity, refusedOvercommitted, refusedLeavesSlice, refusedNotTessera, refusedReclaiming, refusedOther}
 
 // refusalReason classifies why a claim was refused.
 func refusalReason(err error) string {
@@ -28,6 +29,8 @@ func refusalReason(err error) string {
 		return refusedLeavesSlice
 	case errors.Is(err, ErrNotTesseraScheduled):
 		return refusedNotTessera
+	case errors.Is(err, ErrReclaiming):
+		return refusedReclaiming
 	}
 	return refusedOther
 }
@@ -38,7 +41,7 @@ func refusalReason(err error) string {
 func (d *Driver) newMetrics() {
 	d.refusals = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tessera_dra_prepare_refusals_total",
-		Help: "Claims of the gpu.tessera.dev driver the node's agent refused to prepare, by reason: no-capacity (the allocation says not what it consumed), overcommitted (more than the GPU has, counting what it holds), pod-leaves-slice (a pod it is reserved for could leave its slice), not-tessera-scheduled (a pod it is reserved for names a scheduler without TesseraGPU), other.",
+		Help: "Claims of the gpu.tessera.dev driver the node's agent refused to prepare, by reason: no-capacity (the allocation says not what it consumed), overcommitted (more than the GPU has, counting what it holds), pod-leaves-slice (a pod it is reserved for could leave its slice), not-tessera-scheduled (a pod it is reserved for names a scheduler without TesseraGPU), reclaiming (a preempted pod's leftover processes may still hold its GPU; kubelet retries), other.",
 	}, []string{"node", "reason"})
 	for _, r := range refusalReasons {
 		d.refusals.WithLabelValues(d.cfg.Node, r)

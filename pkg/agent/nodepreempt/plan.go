@@ -52,8 +52,9 @@ type steps struct {
 }
 
 // plan decides one look at node's pods, given the victims known. It does
-// no I/O: a victim's GPUs come from its bound assignment on this node.
-func plan(node string, pods []*v1.Pod, victims map[types.UID]known) steps {
+// no I/O: a victim's GPUs come from its bound assignment on this node and
+// from claimGPUs, the GPUs of the DRA claims prepared for each pod here.
+func plan(node string, pods []*v1.Pod, victims map[types.UID]known, claimGPUs map[types.UID][]string) steps {
 	var out steps
 	running := map[types.UID]bool{}   // pods whose containers may still run
 	withdrawn := map[types.UID]bool{} // running, and no longer under notice
@@ -71,7 +72,13 @@ func plan(node string, pods []*v1.Pod, victims map[types.UID]known) steps {
 			continue
 		}
 		if _, ok := all[p.UID]; !ok {
-			out.notify = append(out.notify, newVictim{pod: p, notice: n, gpus: gpusOn(node, p)})
+			gpus := gpusOn(node, p)
+			for _, g := range claimGPUs[p.UID] {
+				if !slices.Contains(gpus, g) {
+					gpus = append(gpus, g)
+				}
+			}
+			out.notify = append(out.notify, newVictim{pod: p, notice: n, gpus: gpus})
 			all[p.UID] = known{}
 		}
 		if _, done := p.Annotations[preemption.AnnotationCheckpointed]; !done {

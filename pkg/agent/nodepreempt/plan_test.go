@@ -54,37 +54,44 @@ func TestPlan(t *testing.T) {
 		name    string
 		pods    func(t *testing.T) []*v1.Pod
 		victims map[types.UID]known
+		claims  map[types.UID][]string
 		want    want
 	}{
 		{"no notice, no victim", func(t *testing.T) []*v1.Pod {
 			return []*v1.Pod{pod(t, "a", v1.PodRunning, false, false, "GPU-0")}
-		}, nil, want{}},
+		}, nil, nil, want{}},
 		{"a new victim is notified and looked at for a checkpoint, its GPUs each once", func(t *testing.T) []*v1.Pod {
 			return []*v1.Pod{pod(t, "v", v1.PodRunning, true, false, "GPU-0", "GPU-1", "GPU-0")}
-		}, nil, want{Notify: map[string][]string{"v": {"GPU-0", "GPU-1"}}, Checkpoint: []string{"v"}}},
+		}, nil, nil, want{Notify: map[string][]string{"v": {"GPU-0", "GPU-1"}}, Checkpoint: []string{"v"}}},
 		{"a known victim is not notified again; one that reported its checkpoint is not looked at", func(t *testing.T) []*v1.Pod {
 			return []*v1.Pod{pod(t, "v", v1.PodRunning, true, true, "GPU-0")}
-		}, map[types.UID]known{"v": {}}, want{}},
+		}, map[types.UID]known{"v": {}}, nil, want{}},
 		{"a victim whose notice was taken back while it runs is withdrawn", func(t *testing.T) []*v1.Pod {
 			return []*v1.Pod{pod(t, "v", v1.PodRunning, false, false, "GPU-0")}
-		}, map[types.UID]known{"v": {}}, want{Withdraw: []string{"v"}}},
+		}, map[types.UID]known{"v": {}}, nil, want{Withdraw: []string{"v"}}},
 		{"victims that finished or left are reclaimed, not those being reclaimed", func(t *testing.T) []*v1.Pod {
 			return []*v1.Pod{pod(t, "done", v1.PodSucceeded, true, true, "GPU-0"), pod(t, "failed", v1.PodFailed, false, false, "GPU-1")}
-		}, map[types.UID]known{"done": {}, "failed": {}, "left": {}, "busy": {reclaiming: true}}, want{Reclaim: []string{"done", "failed", "left"}}},
+		}, map[types.UID]known{"done": {}, "failed": {}, "left": {}, "busy": {reclaiming: true}}, nil, want{Reclaim: []string{"done", "failed", "left"}}},
 		// A finished pod's assignment holds nothing (podgpu.BoundAssignment).
 		{"a pod that finished under a notice no agent saw is notified and reclaimed at once", func(t *testing.T) []*v1.Pod {
 			return []*v1.Pod{pod(t, "late", v1.PodFailed, true, false, "GPU-0")}
-		}, nil, want{Notify: map[string][]string{"late": nil}, Checkpoint: []string{"late"}, Reclaim: []string{"late"}}},
+		}, nil, nil, want{Notify: map[string][]string{"late": nil}, Checkpoint: []string{"late"}, Reclaim: []string{"late"}}},
 		{"an assignment on another node gives no GPUs", func(t *testing.T) []*v1.Pod {
 			p := pod(t, "v", v1.PodRunning, true, true)
 			enc, _ := gpu.EncodeAssignment(&gpu.PodAssignment{Node: "n2", Containers: []gpu.ContainerAssignment{{Name: "m", Mode: gpu.ModeExclusive,
 				GPUs: []gpu.GPUGrant{{UUID: "GPU-9", MemoryMiB: 1, CoresPerMille: 1000}}}}})
 			p.Annotations[gpu.AnnotationAssignment] = enc
 			return []*v1.Pod{p}
-		}, nil, want{Notify: map[string][]string{"v": nil}}},
+		}, nil, nil, want{Notify: map[string][]string{"v": nil}}},
+		// A claim holder's GPUs are its prepared claims' (issue 42):
+		// reclaimed as a device-plugin pod's, each GPU once.
+		{"a claim holder's GPUs come from its claims", func(t *testing.T) []*v1.Pod {
+			return []*v1.Pod{pod(t, "holder", v1.PodRunning, true, true), pod(t, "both", v1.PodRunning, true, true, "GPU-0")}
+		}, nil, map[types.UID][]string{"holder": {"GPU-3", "GPU-5"}, "both": {"GPU-0", "GPU-1"}, "other": {"GPU-7"}},
+			want{Notify: map[string][]string{"holder": {"GPU-3", "GPU-5"}, "both": {"GPU-0", "GPU-1"}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := plan("n1", tc.pods(t), tc.victims)
+			s := plan("n1", tc.pods(t), tc.victims, tc.claims)
 			var got want
 			for _, nv := range s.notify {
 				if got.Notify == nil {

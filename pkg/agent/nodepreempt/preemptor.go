@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -26,6 +27,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent/tenantdir"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/patch"
+	"github.com/tessera-gpu/tessera/pkg/podgpu"
 	"github.com/tessera-gpu/tessera/pkg/preemption"
 )
 
@@ -44,6 +46,10 @@ type Config struct {
 	// GPUs are the node's GPU UUIDs: the reclaim of a victim whose GPUs are
 	// not known any more (adopted after a restart) looks at all of them.
 	GPUs []string
+	// ClaimGPUs, when set, gives the GPUs of the DRA claims prepared on the
+	// node, per pod they are reserved for (the driver's): a claim holder's
+	// GPUs are not in its pod, and its leftovers are reclaimed there too.
+	ClaimGPUs func() map[types.UID][]string
 	// Reclaimer finds and kills a victim's leftover GPU processes; nil on a
 	// node without GPUs.
 	Reclaimer *reclaim.Reclaimer
@@ -163,7 +169,11 @@ func (p *Preemptor) Pass(ctx context.Context, now time.Time) {
 		tracked[uid] = known{reclaiming: v.reclaiming}
 	}
 	p.mu.Unlock()
-	s := plan(p.cfg.Node, pods, tracked)
+	var claimGPUs map[types.UID][]string
+	if p.cfg.ClaimGPUs != nil {
+		claimGPUs = p.cfg.ClaimGPUs()
+	}
+	s := plan(p.cfg.Node, pods, tracked, claimGPUs)
 	for _, nv := range s.notify {
 		p.deliver(ctx, nv)
 	}
@@ -216,6 +226,45 @@ func (p *Preemptor) reportCheckpoint(ctx context.Context, pod *v1.Pod, now time.
 		return
 	}
 	logger.Info("Preemption victim saved its checkpoint", "pod", klog.KObj(pod))
+}
+
+// Reclaiming names a preempted pod whose leftover processes may still hold
+// one of gpus: a victim that finished or left and whose GPUs the agent has
+// not yet reclaimed (or could not: a process survived the kill). A GPU
+// such a victim held through a DRA claim is free as soon as the ResourceClaim
+// controller deallocates the claim, before any leftover is killed, so the
+// DRA driver asks here before it prepares a claim there (kubelet retries
+// it), as the scheduler holds a device-plugin victim's slices until the
+// inventory lists it reclaimed. A victim still running is not named: it
+// holds its claim, so nothing new overlaps it.
+func (p *Preemptor) Reclaiming(gpus []string) (victim string, busy bool) {
+	var running map[types.UID]bool
+	if p.cfg.NodePods != nil {
+		pods := p.cfg.NodePods()
+		running = make(map[types.UID]bool, len(pods))
+		for _, pod := range pods {
+			if !podgpu.Finished(pod) {
+				running[pod.UID] = true
+			}
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, uid := range slices.Sorted(maps.Keys(p.victims)) {
+		v := p.victims[uid]
+		if running[uid] && !v.reclaiming && !v.stuck {
+			continue
+		}
+		for _, g := range gpus {
+			if slices.Contains(v.gpus, g) {
+				if v.name == "" {
+					return string(uid), true // adopted after a restart: known by UID
+				}
+				return v.namespace + "/" + v.name, true
+			}
+		}
+	}
+	return "", false
 }
 
 // sweepNoticeDirs removes the notice directory of every pod no longer on

@@ -301,3 +301,36 @@ func newTestPreemptor(t *testing.T, srv gonvml.Interface, procRoot, noticeRoot s
 	}
 	return New(cfg)
 }
+
+// TestReclaimingHoldsAClaimHoldersGPUs: a victim's GPUs are named busy
+// from when its pod finished or left until its reclaim ends (a claim's
+// GPU is free once the claim is deallocated, leftovers or not), and not
+// while it still runs under its notice; other GPUs are not busy.
+func TestReclaimingHoldsAClaimHoldersGPUs(t *testing.T) {
+	var pods []*v1.Pod
+	p := New(Config{Node: "n1", NodePods: func() []*v1.Pod { return pods }})
+	p.victims["v"] = &victim{namespace: "ns", name: "victim", gpus: []string{"GPU-1", "GPU-2"}}
+	running := pod(t, "v", v1.PodRunning, true, false)
+	for _, tc := range []struct {
+		name string
+		pods []*v1.Pod
+		gpus []string
+		busy bool
+	}{
+		{"running under its notice", []*v1.Pod{running}, []string{"GPU-1"}, false},
+		{"finished", []*v1.Pod{pod(t, "v", v1.PodSucceeded, true, false)}, []string{"GPU-0", "GPU-2"}, true},
+		{"gone", nil, []string{"GPU-1"}, true},
+		{"gone, another GPU", nil, []string{"GPU-3"}, false},
+	} {
+		pods = tc.pods
+		victim, busy := p.Reclaiming(tc.gpus)
+		if busy != tc.busy || (busy && victim != "ns/victim") {
+			t.Errorf("%s: Reclaiming(%v) = %q, %v; want busy %v", tc.name, tc.gpus, victim, busy, tc.busy)
+		}
+	}
+	// Reclaimed: nothing is busy any more.
+	delete(p.victims, "v")
+	if _, busy := p.Reclaiming([]string{"GPU-1"}); busy {
+		t.Error("a reclaimed victim's GPU is still busy")
+	}
+}
