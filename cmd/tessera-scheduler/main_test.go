@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -162,4 +163,44 @@ func keys[V any](m map[string]V) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// TestClaimAdmissionFlags: the binary's webhook flags, as an operator
+// gives them: listed in --help, and a port without the namespace of its
+// Secret stops the scheduler at start with the flag's name. (One run that
+// reaches kube-scheduler's start per process: it applies its logging
+// configuration once.)
+func TestClaimAdmissionFlags(t *testing.T) {
+	var help strings.Builder
+	cmd := newCommand()
+	cmd.SetOut(&help)
+	cmd.SetArgs([]string{"--help"})
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"--claim-admission-port", "--claim-admission-namespace", "--claim-admission-address", "--claim-admission-schedulers"} {
+		if !strings.Contains(help.String(), f) {
+			t.Errorf("--help lacks %s", f)
+		}
+	}
+	dir := t.TempDir()
+	kc, cf := filepath.Join(dir, "kubeconfig"), filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(kc, []byte(kubeconfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile("../../deploy/scheduler-config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := strings.Replace(string(b), "leaderElect: true", "leaderElect: false", 1) + "clientConnection: {kubeconfig: \"" + kc + "\"}\n"
+	if err := os.WriteFile(cf, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd = newCommand()
+	cmd.SetOut(io.Discard)
+	cmd.SetErr(io.Discard)
+	cmd.SetArgs([]string{"--config", cf, "--secure-port", "0", "--claim-admission-port=9443"})
+	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "--claim-admission-namespace is required with --claim-admission-port") {
+		t.Errorf("a port without its namespace: %v, want the scheduler stopped naming --claim-admission-namespace", err)
+	}
 }

@@ -79,7 +79,7 @@ func newHarness(t *testing.T, args string, nodes []*v1.Node, pods ...*v1.Pod) *h
 	if args != "" {
 		obj = &runtime.Unknown{Raw: []byte(args)}
 	}
-	pl, err := pluginFactory(nil)(ctx, obj, fh)
+	pl, err := pluginFactory(nil, nil)(ctx, obj, fh)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -128,13 +128,18 @@ var (
 type PreemptionController func(ctx context.Context, client kubernetes.Interface, pods toolscache.SharedIndexInformer, cfg config.PreemptionConfig) error
 
 // pluginFactory is the plugin factory, starting controller once per scheduler.
-func pluginFactory(controller PreemptionController) frameworkruntime.PluginFactory {
+// Starter starts something that runs beside the scheduler with its
+// client, once TesseraGPU is built (the claim admission webhook); an error
+// stops the scheduler at start.
+type Starter func(ctx context.Context, client kubernetes.Interface) error
+
+func pluginFactory(controller PreemptionController, starters []Starter) frameworkruntime.PluginFactory {
 	return func(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
-		return newPlugin(ctx, obj, h, controller)
+		return newPlugin(ctx, obj, h, controller, starters)
 	}
 }
 
-func newPlugin(ctx context.Context, obj runtime.Object, h fwk.Handle, controller PreemptionController) (fwk.Plugin, error) {
+func newPlugin(ctx context.Context, obj runtime.Object, h fwk.Handle, controller PreemptionController, starters []Starter) (fwk.Plugin, error) {
 	all, err := decodeArgs(obj)
 	if err != nil {
 		return nil, err
@@ -194,6 +199,11 @@ func newPlugin(ctx context.Context, obj runtime.Object, h fwk.Handle, controller
 		logger.Info("No preemption controller runs beside this scheduler: notified victims are never stopped at their deadline")
 	} else if err := controller(klog.NewContext(ctx, logger.WithName("preemption")), h.ClientSet(), factory.Core().V1().Pods().Informer(), all.Preemption); err != nil {
 		return nil, err
+	}
+	for _, start := range starters {
+		if err := start(ctx, h.ClientSet()); err != nil {
+			return nil, err
+		}
 	}
 	go wait.UntilWithContext(ctx, func(context.Context) {
 		if expired := s.cache.ExpireReclaims(time.Now(), all.Preemption.ReclaimTimeout.Duration); len(expired) > 0 {
@@ -301,10 +311,12 @@ func podKey(pod *v1.Pod) string { return pod.Namespace + "/" + pod.Name }
 // TesseraNodeResourcesFit) to a scheduler's out-of-tree registry, with the
 // preemption controller each scheduler runs beside them: pass it where
 // kube-scheduler's app takes its options (app.NewSchedulerCommand,
-// app.Setup). The binaries wire controller.Start; nil runs none.
-func RegisterWith(controller PreemptionController) func(frameworkruntime.Registry) error {
+// app.Setup). The binaries wire controller.Start; nil runs none. starters
+// run once TesseraGPU is built, with the scheduler's client (the claim
+// admission webhook).
+func RegisterWith(controller PreemptionController, starters ...Starter) func(frameworkruntime.Registry) error {
 	return func(r frameworkruntime.Registry) error {
-		if err := r.Register(Name, pluginFactory(controller)); err != nil {
+		if err := r.Register(Name, pluginFactory(controller, starters)); err != nil {
 			return err
 		}
 		return r.Register(ResourcesFitName, NewResourcesFit)
