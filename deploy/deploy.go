@@ -65,6 +65,12 @@ var AdmissionPolicies string
 //go:embed tessera-scheduler-rbac.yaml
 var SchedulerRBAC string
 
+// Scheduler is tessera-scheduler.yaml: the scheduler's configuration,
+// Deployment and Services, and its claim admission webhook.
+//
+//go:embed tessera-scheduler.yaml
+var Scheduler string
+
 // Agent is tessera-agent.yaml: the namespace, the agent's service account,
 // roles and DaemonSet, and the DRA driver's DeviceClasses.
 //

@@ -251,6 +251,47 @@ agent: {refusedGrace: 90s}`, Operator, func(t *testing.T, objs []*unstructured.U
 				t.Errorf("agent args %v lack --refused-grace=90s", args)
 			}
 		}},
+		{"claim admission off", "scheduler: {claimAdmission: {enabled: false}}", Operator, func(t *testing.T, objs []*unstructured.Unstructured) {
+			args := container(t, find(t, objs, "Deployment", "tessera-scheduler"))["args"].([]any)
+			if slices.ContainsFunc(args, func(a any) bool { return strings.HasPrefix(a.(string), "--claim-admission") }) {
+				t.Errorf("scheduler args %v with the webhook off", args)
+			}
+			for _, n := range names(objs) {
+				if strings.HasSuffix(n, "/tessera-claim-admission") {
+					t.Errorf("%s rendered with the webhook off", n)
+				}
+			}
+		}},
+		{"claim admission on another port", "scheduler: {claimAdmission: {port: 10443}}", Operator, func(t *testing.T, objs []*unstructured.Unstructured) {
+			ctr := container(t, find(t, objs, "Deployment", "tessera-scheduler"))
+			args := ctr["args"].([]any)
+			for _, want := range []string{"--claim-admission-port=10443", "--claim-admission-namespace=tessera-system"} {
+				if !slices.Contains(args, any(want)) {
+					t.Errorf("scheduler args %v lack %s", args, want)
+				}
+			}
+			ports := ctr["ports"].([]any)
+			if !slices.ContainsFunc(ports, func(p any) bool {
+				m := p.(map[string]any)
+				return m["name"] == "claim-admission" && fmt.Sprint(m["containerPort"]) == "10443"
+			}) {
+				t.Errorf("scheduler ports %v lack claim-admission 10443", ports)
+			}
+			svc := find(t, objs, "Service", "tessera-claim-admission")
+			sp, _, _ := unstructured.NestedSlice(svc.Object, "spec", "ports")
+			if len(sp) != 1 || sp[0].(map[string]any)["targetPort"] != "claim-admission" {
+				t.Errorf("the webhook's Service ports %v", sp)
+			}
+			cfg := find(t, objs, "ValidatingWebhookConfiguration", "tessera-claim-admission")
+			hooks, _, _ := unstructured.NestedSlice(cfg.Object, "webhooks")
+			if len(hooks) != 1 {
+				t.Fatalf("webhooks %v", hooks)
+			}
+			ref, _, _ := unstructured.NestedMap(hooks[0].(map[string]any), "clientConfig", "service")
+			if ref["name"] != "tessera-claim-admission" || ref["namespace"] != "tessera-system" || ref["path"] != "/validate-pod-claims" {
+				t.Errorf("the webhook calls %v", ref)
+			}
+		}},
 		{"DRA never", "agent: {dra: never}", Operator, func(t *testing.T, objs []*unstructured.Unstructured) {
 			ds := find(t, objs, "DaemonSet", "tessera-agent")
 			if args := container(t, ds)["args"].([]any); !slices.Contains(args, any("--dra=never")) {
@@ -404,6 +445,7 @@ func TestValuesSchema(t *testing.T) {
 		{"monitoring: {serviceMonitor: {interval: 500us}}", "/monitoring/serviceMonitor/interval"},
 		{"monitoring: {serviceMonitor: {labels: {release: 7}}}", "/monitoring/serviceMonitor/labels/release"},
 		{"agent: {priorityClassName: Node_Critical}", "/agent/priorityClassName"},
+		{"scheduler: {claimAdmission: {port: 443}}", "/scheduler/claimAdmission/port"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.values, func(t *testing.T) {

@@ -17,7 +17,7 @@ var manifestFiles = []struct {
 }{
 	{"tessera-agent.yaml", []string{"templates/namespace.yaml", "templates/agent.yaml", "templates/deviceclasses.yaml"}},
 	{"tessera-scheduler-rbac.yaml", []string{"templates/scheduler-rbac.yaml"}},
-	{"tessera-scheduler.yaml", []string{"templates/scheduler-config.yaml", "templates/scheduler.yaml"}},
+	{"tessera-scheduler.yaml", []string{"templates/scheduler-config.yaml", "templates/scheduler.yaml", "templates/claim-admission.yaml"}},
 	{"admission-policies.yaml", []string{"templates/admission-policies.yaml"}},
 	{"priorityclasses.yaml", []string{"templates/priorityclasses.yaml"}},
 }

@@ -29,6 +29,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/claimadmission"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/inventory"
 	"github.com/tessera-gpu/tessera/pkg/playground"
@@ -106,7 +107,9 @@ type runningScheduler struct {
 
 // startScheduler runs the scheduler as cmd/tessera-scheduler does: flags,
 // app.Setup with the TesseraGPU plugin, app.Run.
-func (c *cluster) startScheduler(pluginArgs string) *runningScheduler {
+// Extra flags are the binary's own (--claim-admission-*), after
+// kube-scheduler's.
+func (c *cluster) startScheduler(pluginArgs string, flags ...string) *runningScheduler {
 	c.t.Helper()
 	path := filepath.Join(c.dir, fmt.Sprintf("scheduler-%d.yaml", time.Now().UnixNano()))
 	if err := os.WriteFile(path, []byte(c.schedulerConfig(pluginArgs)), 0o600); err != nil {
@@ -117,11 +120,13 @@ func (c *cluster) startScheduler(pluginArgs string) *runningScheduler {
 	for _, f := range opts.Flags.FlagSets {
 		fs.AddFlagSet(f)
 	}
-	if err := fs.Parse([]string{"--config", path, "--secure-port", "0"}); err != nil {
+	var admission claimadmission.Options
+	admission.AddFlags(fs)
+	if err := fs.Parse(append([]string{"--config", path, "--secure-port", "0"}, flags...)); err != nil {
 		c.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(c.ctx)
-	cc, sched, err := app.Setup(ctx, opts, scheduler.RegisterWith(preemptioncontroller.Start))
+	cc, sched, err := app.Setup(ctx, opts, scheduler.RegisterWith(preemptioncontroller.Start, admission.Start))
 	if err != nil {
 		cancel()
 		c.t.Fatalf("scheduler setup: %v", err)
