@@ -25,6 +25,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/agent/shim"
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/podgpu"
 	"github.com/tessera-gpu/tessera/pkg/preemption"
 )
 
@@ -87,7 +88,7 @@ type Config struct {
 	// Pods, when set, returns a pod of this node by namespace and name
 	// (the agent's informer): a claim is prepared only for pods it is
 	// reserved for that the agent knows and that cannot leave their slice
-	// (EscapesSlice).
+	// (podgpu.EscapesSlice).
 	Pods func(namespace, name string) *v1.Pod
 	// NoticeDir, when set, gives the containers of a claim reserved for
 	// one pod that pod's preemption notice directory, as the device plugin
@@ -469,7 +470,7 @@ func (d *Driver) podsKeepTheirSlice(c *resourceapi.ResourceClaim) error {
 			return fmt.Errorf("%w: pod %s/%s names spec.schedulerName %q; set it to %s, which places gpu.tessera.dev claims on the GPU the fragmentation gradient picks and counts them with the device plugin's pods",
 				ErrNotTesseraScheduled, c.Namespace, r.Name, p.Spec.SchedulerName, strings.Join(d.schedulers(), " or "))
 		}
-		if why := EscapesSlice(p); len(why) > 0 {
+		if why := podgpu.EscapesSlice(p); len(why) > 0 {
 			return fmt.Errorf("%w: pod %s/%s: %s; remove them (the same rules as the admission policy tessera-gpu-pod-limits)", ErrLeavesSlice, c.Namespace, r.Name, strings.Join(why, "; "))
 		}
 	}

@@ -1,4 +1,4 @@
-package dra
+package podgpu
 
 import (
 	"fmt"
@@ -11,10 +11,12 @@ import (
 // EscapesSlice lists what in a pod would let it leave the slice a claim
 // gives it: the admission policy tessera-gpu-pod-limits refuses the same
 // in pods that ask for tessera.dev resources, but a pod holding a claim
-// names only the claim, whose driver admission cannot see; the node can.
-// So the driver refuses to prepare a gpu.tessera.dev claim for such a
-// pod. The operator's host-path allow-list (a ConfigMap the policy reads)
-// is not applied here: only the paths no GPU pod may ever mount.
+// names only the claim, whose driver a policy cannot see. The claim
+// admission webhook (pkg/claimadmission), which reads the claims, refuses
+// such a pod holding a gpu.tessera.dev claim, and the DRA driver refuses
+// to prepare the claim for it (the webhook fails open). The operator's
+// host-path allow-list (a ConfigMap the policy reads) is not applied here:
+// only the paths no GPU pod may ever mount.
 func EscapesSlice(p *v1.Pod) []string {
 	var out []string
 	var containers []v1.Container

@@ -1,4 +1,4 @@
-package dra
+package podgpu
 
 import (
 	"slices"
