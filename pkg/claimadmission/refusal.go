@@ -1,10 +1,12 @@
 // Package claimadmission refuses, at admission, a pod whose ResourceClaims
 // ask gpu.tessera.dev devices while it names a scheduler without
-// TesseraGPU: that scheduler's allocator would choose the GPU first fit,
+// TesseraGPU (that scheduler's allocator would choose the GPU first fit,
 // from a view that does not count the device plugin's pods, and the node
-// would then refuse to prepare the claim (the pod stuck in
-// ContainerCreating). A ValidatingAdmissionPolicy cannot do it: a pod's
-// claims are separate objects (a ResourceClaim, or the
+// would then refuse to prepare the claim, the pod stuck in
+// ContainerCreating), or while it could leave its slice (privileged, a
+// host namespace, the GPUs' variables: what tessera-gpu-pod-limits refuses
+// in device-plugin GPU pods). A ValidatingAdmissionPolicy cannot do it: a
+// pod's claims are separate objects (a ResourceClaim, or the
 // ResourceClaimTemplate its claim will be made from), which CEL cannot
 // read; a validating webhook can.
 //
@@ -27,6 +29,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/tessera-gpu/tessera/pkg/gpu"
+	"github.com/tessera-gpu/tessera/pkg/podgpu"
 )
 
 // TesseraClass says whether a DeviceClass is one of gpu.tessera.dev's, as
@@ -63,13 +66,18 @@ type Lookup interface {
 }
 
 // Refusal is why pod is refused ("" when it is not): it holds a claim (or a
-// template's) asking a gpu.tessera.dev class and names a scheduler not in
-// schedulers. A claim that does not exist yet asks nothing that can be
-// read; the node still refuses to prepare it. An error reading a claim is
-// returned with what was decided from the others.
+// template's) asking a gpu.tessera.dev class, and names a scheduler not in
+// schedulers, or could leave the slice the claim gives it
+// (podgpu.EscapesSlice: the rules of the admission policy
+// tessera-gpu-pod-limits, which cannot see a claim's driver). A claim that
+// does not exist yet asks nothing that can be read; the node still
+// refuses to prepare it. An error reading a claim is returned with what
+// was decided from the others.
 func Refusal(ctx context.Context, pod *v1.Pod, schedulers []string, look Lookup) (string, error) {
-	if len(pod.Spec.ResourceClaims) == 0 || slices.Contains(schedulers, pod.Spec.SchedulerName) {
-		return "", nil
+	tesseraScheduled := slices.Contains(schedulers, pod.Spec.SchedulerName)
+	escapes := podgpu.EscapesSlice(pod)
+	if len(pod.Spec.ResourceClaims) == 0 || (tesseraScheduled && len(escapes) == 0) {
+		return "", nil // nothing a claim could make wrong: no claim is read
 	}
 	var errs []error
 	for _, pc := range pod.Spec.ResourceClaims {
@@ -92,14 +100,19 @@ func Refusal(ctx context.Context, pod *v1.Pod, schedulers []string, look Lookup)
 			errs = append(errs, fmt.Errorf("claim %q (%s): %w", pc.Name, what, err))
 			continue
 		}
-		for _, c := range classes {
-			if TesseraClass(c) {
-				return fmt.Sprintf("the pod's claim %q (%s) asks %s devices (DeviceClass %s), but the pod names spec.schedulerName %q: "+
-					"set it to %s, which places gpu.tessera.dev claims on the GPU the fragmentation gradient picks and counts them "+
-					"with the device plugin's pods (another scheduler chooses the GPU first fit, and the node would refuse to prepare the claim)",
-					pc.Name, what, gpu.DRADriver, c, pod.Spec.SchedulerName, strings.Join(schedulers, " or ")), nil
-			}
+		i := slices.IndexFunc(classes, TesseraClass)
+		if i < 0 {
+			continue
 		}
+		asks := fmt.Sprintf("the pod's claim %q (%s) asks %s devices (DeviceClass %s)", pc.Name, what, gpu.DRADriver, classes[i])
+		if !tesseraScheduled {
+			return asks + fmt.Sprintf(", but the pod names spec.schedulerName %q: "+
+				"set it to %s, which places gpu.tessera.dev claims on the GPU the fragmentation gradient picks and counts them "+
+				"with the device plugin's pods (another scheduler chooses the GPU first fit, and the node would refuse to prepare the claim)",
+				pod.Spec.SchedulerName, strings.Join(schedulers, " or ")), nil
+		}
+		return asks + ", and the pod could leave its GPU slice: " + strings.Join(escapes, "; ") +
+			"; remove them (the same rules as the admission policy tessera-gpu-pod-limits)", nil
 	}
 	if len(errs) > 0 {
 		return "", fmt.Errorf("reading the pod's claims: %v", errs)

@@ -37,6 +37,12 @@ func claimPod(scheduler string, claims ...v1.PodResourceClaim) *v1.Pod {
 	return &v1.Pod{Spec: v1.PodSpec{SchedulerName: scheduler, ResourceClaims: claims}}
 }
 
+func privileged(p *v1.Pod) *v1.Pod {
+	on := true
+	p.Spec.Containers = []v1.Container{{Name: "main", SecurityContext: &v1.SecurityContext{Privileged: &on}}}
+	return p
+}
+
 func fromTemplate(name, template string) v1.PodResourceClaim {
 	return v1.PodResourceClaim{Name: name, ResourceClaimTemplateName: &template}
 }
@@ -45,11 +51,12 @@ func fromClaim(name, claim string) v1.PodResourceClaim {
 	return v1.PodResourceClaim{Name: name, ResourceClaimName: &claim}
 }
 
-// TestRefusal: a pod naming another scheduler is refused when one of its
-// claims (or the template it is made from) asks one of gpu.tessera.dev's
-// classes; not for other drivers' claims, claims not made yet, or pods
-// naming a Tessera profile; an unreadable claim is an error, not a
-// refusal, unless another claim already decides.
+// TestRefusal: a pod naming another scheduler, or one that could leave
+// its slice, is refused when one of its claims (or the template it is made
+// from) asks one of gpu.tessera.dev's classes; not for other drivers'
+// claims, claims not made yet, or well-behaved pods naming a Tessera
+// profile (whose claims are not even read); an unreadable claim is an
+// error, not a refusal, unless another claim already decides.
 func TestRefusal(t *testing.T) {
 	look := fakeLookup{
 		claims:    map[string][]string{"mine": {"mps.gpu.tessera.dev"}, "nic": {"nic.example.com"}},
@@ -68,6 +75,10 @@ func TestRefusal(t *testing.T) {
 		{"claim of an MPS class", claimPod("other", fromClaim("gpu", "mine")), "DeviceClass mps.gpu.tessera.dev", false},
 		{"a prioritized alternative of Tessera's", claimPod("default-scheduler", fromTemplate("any", "either")), "DeviceClass whole.gpu.tessera.dev", false},
 		{"named Tessera profile", claimPod("tessera-scheduler", fromTemplate("gpu", "slice")), "", false},
+		{"named Tessera profile, claims unread", claimPod("tessera-scheduler", fromClaim("x", "broken")), "", false},
+		{"named Tessera profile, privileged", privileged(claimPod("tessera-scheduler", fromTemplate("gpu", "slice"))),
+			"and the pod could leave its GPU slice: container main is privileged (it sees every GPU of the node); remove them", false},
+		{"privileged with another driver's claim", privileged(claimPod("tessera-scheduler", fromTemplate("n", "nic"))), "", false},
 		{"another driver's claims", claimPod("default-scheduler", fromTemplate("n", "nic"), fromClaim("m", "nic")), "", false},
 		{"a claim not made yet", claimPod("default-scheduler", fromClaim("gpu", "later")), "", false},
 		{"no claims", claimPod("default-scheduler"), "", false},

@@ -51,7 +51,7 @@ type Options struct {
 // AddFlags adds the webhook's flags to fs.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Port, "claim-admission-port", 0,
-		"Serve the admission webhook that refuses pods whose ResourceClaims ask gpu.tessera.dev devices but name another scheduler, on this port (0: off). "+
+		"Serve the admission webhook that refuses pods whose ResourceClaims ask gpu.tessera.dev devices but name another scheduler or could leave their slice, on this port (0: off). "+
 			"Its certificate is kept in Secret "+Name+" of --claim-admission-namespace, and the caBundle of ValidatingWebhookConfiguration "+Name+" is kept in step.")
 	fs.StringVar(&o.Address, "claim-admission-address", "", "The address the webhook listens on (empty: every interface).")
 	fs.StringVar(&o.Namespace, "claim-admission-namespace", "", "The namespace of the webhook's Secret and Service (the scheduler's own); required with --claim-admission-port.")
@@ -220,7 +220,7 @@ func (s *Server) review(ctx context.Context, req *admissionv1.AdmissionRequest) 
 	defer cancel()
 	why, err := Refusal(ctx, &pod, s.Schedulers, ClientLookup{Client: s.Client})
 	if why != "" {
-		logger.V(2).Info("Refused a pod naming another scheduler with a gpu.tessera.dev claim", "pod", klog.KRef(req.Namespace, podName(&pod, req)), "scheduler", pod.Spec.SchedulerName)
+		logger.V(2).Info("Refused a pod with a gpu.tessera.dev claim", "pod", klog.KRef(req.Namespace, podName(&pod, req)), "scheduler", pod.Spec.SchedulerName, "why", why)
 		return &admissionv1.AdmissionResponse{Allowed: false, Result: &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusForbidden,
 			Reason: metav1.StatusReasonForbidden, Message: why}}
 	}

@@ -37,10 +37,11 @@ func freePort(t *testing.T) int {
 // CA in the chart's ValidatingWebhookConfiguration (here given a loopback
 // URL: this API server reaches no Service); the real API server then
 // refuses a default-scheduler pod whose claim template asks
-// gpu.tessera.dev, with the reason, and admits the same pod naming
-// tessera-scheduler, a pod of another driver's claim, one whose claim is
-// not made yet and one without claims (the last never sent, by the
-// configuration's matchConditions).
+// gpu.tessera.dev, with the reason, and a privileged tessera-scheduler
+// one, and admits the same pod naming tessera-scheduler, a pod of another
+// driver's claim (privileged or not), one whose claim is not made yet and
+// one without claims (the last never sent, by the configuration's
+// matchConditions).
 func TestClaimAdmissionWebhook(t *testing.T) {
 	c := startCluster(t)
 	ns := deploy.Namespace
@@ -122,11 +123,21 @@ func TestClaimAdmissionWebhook(t *testing.T) {
 	}
 	template("slice", "gpu.tessera.dev")
 	template("nic", "nic.example.com")
-	pod := func(name, scheduler string, claims ...v1.PodResourceClaim) error {
-		p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: user}, Spec: v1.PodSpec{SchedulerName: scheduler, ResourceClaims: claims,
-			Containers: []v1.Container{{Name: "main", Image: "registry.example/train"}}}}
+	create := func(p *v1.Pod) error {
 		_, err := c.client.CoreV1().Pods(user).Create(c.ctx, p, metav1.CreateOptions{})
 		return err
+	}
+	spec := func(name, scheduler string, claims ...v1.PodResourceClaim) *v1.Pod {
+		return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: user}, Spec: v1.PodSpec{SchedulerName: scheduler, ResourceClaims: claims,
+			Containers: []v1.Container{{Name: "main", Image: "registry.example/train"}}}}
+	}
+	pod := func(name, scheduler string, claims ...v1.PodResourceClaim) error {
+		return create(spec(name, scheduler, claims...))
+	}
+	privileged := func(p *v1.Pod) *v1.Pod {
+		on := true
+		p.Spec.Containers[0].SecurityContext = &v1.SecurityContext{Privileged: &on}
+		return p
 	}
 	fromTemplate := func(t string) v1.PodResourceClaim {
 		return v1.PodResourceClaim{Name: "gpu", ResourceClaimTemplateName: &t}
@@ -147,11 +158,16 @@ func TestClaimAdmissionWebhook(t *testing.T) {
 		t.Errorf("refusal: %v", refused)
 	}
 	t.Logf("the API server's answer: %v", refused)
+	if err := create(privileged(spec("escape", tesseraScheduler, fromTemplate("slice")))); !apierrors.IsForbidden(err) ||
+		!strings.Contains(err.Error(), "the pod could leave its GPU slice: container main is privileged") {
+		t.Errorf("a privileged tessera-scheduler pod with a gpu.tessera.dev claim: %v", err)
+	}
 	for name, err := range map[string]error{
-		"the same pod naming tessera-scheduler": pod("tessera", tesseraScheduler, fromTemplate("slice")),
-		"another driver's claim":                pod("nic", "default-scheduler", fromTemplate("nic")),
-		"a claim not made yet":                  pod("later", "default-scheduler", v1.PodResourceClaim{Name: "gpu", ResourceClaimName: &later}),
-		"no claims":                             pod("plain", "default-scheduler"),
+		"a privileged pod of another driver's claim": create(privileged(spec("nic-privileged", tesseraScheduler, fromTemplate("nic")))),
+		"the same pod naming tessera-scheduler":      pod("tessera", tesseraScheduler, fromTemplate("slice")),
+		"another driver's claim":                     pod("nic", "default-scheduler", fromTemplate("nic")),
+		"a claim not made yet":                       pod("later", "default-scheduler", v1.PodResourceClaim{Name: "gpu", ResourceClaimName: &later}),
+		"no claims":                                  pod("plain", "default-scheduler"),
 	} {
 		if err != nil {
 			t.Errorf("%s refused: %v", name, err)
