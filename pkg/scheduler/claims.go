@@ -222,11 +222,28 @@ func (c *claimPlacer) request(pod *v1.Pod) *allocator.Request {
 		if err != nil || claim.Status.Allocation != nil {
 			continue
 		}
-		for _, r := range claim.Spec.Devices.Requests {
-			if r.Exactly == nil {
-				continue
-			}
+		if req := specRequest(&claim.Spec); req != nil {
+			return req
+		}
+	}
+	return nil
+}
+
+// specRequest is a claim spec's first gpu.tessera.dev device request, as
+// ClaimRequest reads it: an exact request, or the first alternative of a
+// prioritized list (firstAvailable) that is one (the allocator tries the
+// alternatives in order, so a list that starts with another driver's
+// device is ranked for the first of Tessera's it may fall back to).
+func specRequest(spec *resourceapi.ResourceClaimSpec) *allocator.Request {
+	for _, r := range spec.Devices.Requests {
+		if r.Exactly != nil {
 			if req, ok := ClaimRequest(r.Exactly); ok {
+				return req
+			}
+			continue
+		}
+		for _, sub := range r.FirstAvailable {
+			if req, ok := ClaimRequest(&resourceapi.ExactDeviceRequest{DeviceClassName: sub.DeviceClassName, Capacity: sub.Capacity}); ok {
 				return req
 			}
 		}

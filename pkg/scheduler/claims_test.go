@@ -67,6 +67,34 @@ func TestClaimRequest(t *testing.T) {
 	}
 }
 
+// TestSpecRequest: a claim's first gpu.tessera.dev request is ranked, an
+// exact one or the first of Tessera's alternatives in a prioritized list;
+// a claim of other drivers alone is not.
+func TestSpecRequest(t *testing.T) {
+	capacity := &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{
+		"memory": resource.MustParse("8Gi"), "cores": resource.MustParse("50")}}
+	spec := func(reqs ...resourceapi.DeviceRequest) *resourceapi.ResourceClaimSpec {
+		return &resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: reqs}}
+	}
+	nic := resourceapi.DeviceRequest{Name: "nic", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "nic.example.com"}}
+	prioritized := resourceapi.DeviceRequest{Name: "gpu", FirstAvailable: []resourceapi.DeviceSubRequest{
+		{Name: "theirs", DeviceClassName: "gpu.nvidia.com"},
+		{Name: "mps", DeviceClassName: "mps.gpu.tessera.dev", Capacity: capacity},
+		{Name: "whole", DeviceClassName: "whole.gpu.tessera.dev"},
+	}}
+	got := specRequest(spec(nic, prioritized))
+	if got == nil || got.Sharing != gpu.ModeMPS || got.Containers[0].MemoryMiB != 8192 || got.Containers[0].Cores != 500 {
+		t.Errorf("a prioritized list: %+v, want its MPS alternative's 8 GiB, 50 %%", got)
+	}
+	exact := resourceapi.DeviceRequest{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.dev"}}
+	if got := specRequest(spec(nic, exact, prioritized)); got == nil || !got.Containers[0].Whole {
+		t.Errorf("an exact request first: %+v, want its whole GPU", got)
+	}
+	if got := specRequest(spec(nic)); got != nil {
+		t.Errorf("another driver's claim: %+v", got)
+	}
+}
+
 func draNode(t *testing.T) *allocator.Node {
 	t.Helper()
 	inv := &gpu.NodeInventory{Node: "n1", CPUMilli: 64000, MemoryMiB: 256 << 10}
