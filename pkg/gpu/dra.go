@@ -29,13 +29,17 @@ func DRADeviceName(index int) string { return "gpu-" + strconv.Itoa(index) }
 // DRADeviceIndex is the NVML index DRADeviceName encoded, false for a
 // name it did not write.
 func DRADeviceIndex(name string) (int, bool) {
+	// Read for every claim in every scheduling cycle: no allocation.
 	rest, ok := strings.CutPrefix(name, "gpu-")
-	if !ok {
-		return 0, false
+	if !ok || rest == "" || len(rest) > 9 || (rest[0] == '0' && rest != "0") {
+		return 0, false // not as DRADeviceName writes it
 	}
-	i, err := strconv.Atoi(rest)
-	if err != nil || i < 0 || DRADeviceName(i) != name {
-		return 0, false
+	i := 0
+	for _, c := range []byte(rest) {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		i = i*10 + int(c-'0')
 	}
 	return i, true
 }

@@ -7,9 +7,15 @@ func TestDRADeviceIndex(t *testing.T) {
 		name string
 		i    int
 		ok   bool
-	}{{"gpu-0", 0, true}, {"gpu-15", 15, true}, {"gpu-01", 0, false}, {"gpu--1", 0, false}, {"gpu-", 0, false}, {"nic-0", 0, false}} {
+	}{{"gpu-0", 0, true}, {"gpu-15", 15, true}, {"gpu-01", 0, false}, {"gpu--1", 0, false}, {"gpu-", 0, false}, {"nic-0", 0, false},
+		{"gpu-+1", 0, false}, {"gpu-1a", 0, false}, {"gpu- 1", 0, false}, {"gpu-99999999999", 0, false}} {
 		if i, ok := DRADeviceIndex(tc.name); i != tc.i || ok != tc.ok {
 			t.Errorf("DRADeviceIndex(%q) = %d, %v; want %d, %v", tc.name, i, ok, tc.i, tc.ok)
+		}
+	}
+	for i := range 2000 {
+		if got, ok := DRADeviceIndex(DRADeviceName(i)); !ok || got != i {
+			t.Errorf("DRADeviceIndex(DRADeviceName(%d)) = %d, %v", i, got, ok)
 		}
 	}
 	if n := DRADeviceName(7); n != "gpu-7" {

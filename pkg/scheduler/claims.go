@@ -387,11 +387,10 @@ func heldOutsideClaims(n *allocator.Node, s *resourceapi.ResourceSlice, oversub 
 // occupy counts what an allocated claim's gpu.tessera.dev devices hold
 // on the nodes given, as the driver prepares them (gpu.ClaimGrant).
 func occupy(nodes map[string]*allocator.Node, claim *resourceapi.ResourceClaim) {
-	for node, grants := range claimGrants(nodes, claim) {
-		for _, g := range grants {
-			nodes[node].Occupy(g.grant.UUID, g.grant.MemoryMiB, g.grant.CoresPerMille, g.mode)
-		}
-	}
+	// Every claim, every cycle: no map is built on the way.
+	eachGrant(nodes, claim, func(node string, g claimGrant) {
+		nodes[node].Occupy(g.grant.UUID, g.grant.MemoryMiB, g.grant.CoresPerMille, g.mode)
+	})
 }
 
 type claimGrant struct {
@@ -402,13 +401,29 @@ type claimGrant struct {
 // claimGrants is what an allocated claim's gpu.tessera.dev devices on the
 // nodes given hold, per node.
 func claimGrants(nodes map[string]*allocator.Node, claim *resourceapi.ResourceClaim) map[string][]claimGrant {
-	if claim.Status.Allocation == nil {
-		return nil
-	}
 	var out map[string][]claimGrant
-	for _, r := range claim.Status.Allocation.Devices.Results {
+	eachGrant(nodes, claim, func(node string, g claimGrant) {
+		if out == nil {
+			out = map[string][]claimGrant{}
+		}
+		out[node] = append(out[node], g)
+	})
+	return out
+}
+
+// eachGrant calls f with what each of an allocated claim's gpu.tessera.dev
+// devices on the nodes given holds.
+func eachGrant(nodes map[string]*allocator.Node, claim *resourceapi.ResourceClaim, f func(node string, g claimGrant)) {
+	if claim.Status.Allocation == nil {
+		return
+	}
+	for i := range claim.Status.Allocation.Devices.Results {
+		r := &claim.Status.Allocation.Devices.Results[i]
+		if r.Driver != gpu.DRADriver {
+			continue
+		}
 		n, ok := nodes[r.Pool]
-		if r.Driver != gpu.DRADriver || !ok {
+		if !ok {
 			continue
 		}
 		g := gpuOf(n, r.Device)
@@ -426,12 +441,8 @@ func claimGrants(nodes map[string]*allocator.Node, claim *resourceapi.ResourceCl
 			cores = 100
 		}
 		mode, grant := gpu.ClaimGrant(gpu.Device{UUID: g.UUID, Index: g.Index, MemoryMiB: g.MemoryMiB, MPSCapable: g.MPS}, mem, cores)
-		if out == nil {
-			out = map[string][]claimGrant{}
-		}
-		out[r.Pool] = append(out[r.Pool], claimGrant{mode: mode, grant: grant})
+		f(r.Pool, claimGrant{mode: mode, grant: grant})
 	}
-	return out
 }
 
 // PreEnqueue holds a pod back until the claims it names exist, as
