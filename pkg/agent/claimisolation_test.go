@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,9 +16,11 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/tessera-gpu/tessera/pkg/agent/dra"
+	"github.com/tessera-gpu/tessera/pkg/agent/isolation"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
 	"github.com/tessera-gpu/tessera/pkg/nvml/nvmltest"
@@ -216,5 +219,86 @@ func TestClaimsCountInMPSServerLimits(t *testing.T) {
 	a.enforcer.Reconcile(ctx)
 	if got := server(); got != (gpu.MPSServerLimits{ThreadPercent: 30, MemoryMiB: 4096}) {
 		t.Errorf("server after the claim was unprepared: %+v, want the pod's 30 %% / 4096 MiB again", got)
+	}
+}
+
+// TestClaimSlicesReported: what holds a claim's slice is said as for a
+// device-plugin pod's: on its pod (the GPUIsolation condition, naming the
+// containers given the claim) and in the agent's series (the grant and
+// the mechanism per container), from the claim's preparation on; a
+// container not given the claim is not named; an unprepared claim's
+// series go.
+func TestClaimSlicesReported(t *testing.T) {
+	ctx := context.Background()
+	var pods []*v1.Pod
+	n := newIsolationNodeWith(t, func(o *Options) {
+		plugins, err := os.MkdirTemp("", "dra")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(plugins) })
+		o.DRA, o.CDIDir = DRAOptions{Mode: DRAAlways, PluginDir: plugins}, t.TempDir()
+		o.Pods = func(ns, name string) *v1.Pod {
+			for _, p := range pods {
+				if p.Namespace == ns && p.Name == name {
+					return p
+				}
+			}
+			return nil
+		}
+		nodePods := o.NodePods
+		o.NodePods = func() []*v1.Pod { return append(nodePods(), pods...) }
+	})
+	if err := n.a.Refresh(ctx, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	uid := types.UID("7d1f3c52-0b8e-4f57-9b0a-666666666666")
+	podCgroup(t, n.root, uid)
+	claimName := "train-gpu"
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "lab", Name: "train", UID: uid},
+		Spec: v1.PodSpec{NodeName: "n1", SchedulerName: "tessera-scheduler", ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claimName}},
+			Containers: []v1.Container{{Name: "main", Resources: v1.ResourceRequirements{Claims: []v1.ResourceClaim{{Name: "gpu"}}}}, {Name: "sidecar"}}},
+		Status: v1.PodStatus{Phase: v1.PodPending}}
+	if _, err := n.a.opts.Client.CoreV1().Pods("lab").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pods = append(pods, pod)
+	claim := allocatedClaim("train-gpu", "gpu-0", "20Gi", "25", uid)
+	claim.Status.ReservedFor[0].Name = "train"
+	if err := prepareClaim(t, n.a, claim); err != nil {
+		t.Fatal(err)
+	}
+	uuid := n.uuids[0]
+	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		p, err := n.a.opts.Client.CoreV1().Pods("lab").Get(ctx, "train", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == isolation.ConditionGPUIsolation {
+				if c.Status != v1.ConditionFalse || !strings.Contains(c.Message, "main on "+uuid+": memory=kernel,compute=none") || strings.Contains(c.Message, "sidecar") {
+					t.Errorf("condition %+v", c)
+				}
+				return true, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		t.Fatalf("no %s condition on the claim's pod: %v", isolation.ConditionGPUIsolation, err)
+	}
+	mech := isolationSeries(t, n.a)
+	if got := mech["train/"+uuid+"/memory"]; got != "kernel" {
+		t.Errorf("tessera_slice_isolation for the claim's memory = %q, want kernel (all: %v)", got, mech)
+	}
+	grants := grantSeries(t, n.a)
+	if got, want := grants["train/main/"+uuid], fmt.Sprintf("%d/0.25", 20*gib); got != want {
+		t.Errorf("the claim's grant series = %q, want %q (all: %v)", got, want, grants)
+	}
+	if _, ok := grants["train/sidecar/"+uuid]; ok {
+		t.Error("a container not given the claim has its grant")
+	}
+	unprepareClaim(t, n.a, claim)
+	if grants := grantSeries(t, n.a); len(grants) != 0 {
+		t.Errorf("series after the unprepare: %v", grants)
 	}
 }

@@ -64,11 +64,15 @@ func ClaimOffer(o IsolationOffer, pods int) IsolationOffer {
 
 // ClaimTenant is a DRA claim prepared on a node, as the node's isolation
 // sees it: the claim's UID, the one pod it is reserved for ("" when shared
-// or reserved for none), and what it holds (one container's assignment:
-// every container given the claim shares it).
+// or reserved for none) with its namespace, name and the containers given
+// the claim (where the agent knew the pod), and what it holds (one
+// container's assignment: every container given the claim shares it).
 type ClaimTenant struct {
 	Claim      string
 	Pod        string
+	Namespace  string
+	PodName    string
+	Containers []string
 	Assignment ContainerAssignment
 }
 

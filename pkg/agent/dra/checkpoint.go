@@ -50,6 +50,11 @@ type preparedClaim struct {
 	// shared by several pods (and in checkpoints written before it was
 	// recorded: those claims keep no kernel limit).
 	Pod types.UID `json:"pod,omitempty"`
+	// PodName and Containers are that pod's name and the containers given
+	// the claim, where the agent knew the pod: what the pod's GPUIsolation
+	// condition and the slice series name.
+	PodName    string   `json:"podName,omitempty"`
+	Containers []string `json:"containers,omitempty"`
 }
 
 // allocatedDevice is one result of a claim's allocation.

@@ -215,7 +215,8 @@ func (d *Driver) tenantsLocked(inv *gpu.NodeInventory) []gpu.ClaimTenant {
 			continue
 		}
 		if a, err := assignmentOn(inv, d.cfg.Node, rec.Name, rec.Devices); err == nil {
-			out = append(out, gpu.ClaimTenant{Claim: string(uid), Pod: string(rec.Pod), Assignment: a})
+			out = append(out, gpu.ClaimTenant{Claim: string(uid), Pod: string(rec.Pod), Namespace: rec.Namespace, PodName: rec.PodName,
+				Containers: rec.Containers, Assignment: a})
 		}
 	}
 	return out
@@ -319,10 +320,19 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 		}
 	}
 	var pod types.UID // the claim's one pod; none when shared
+	var podName string
+	var containers []string
 	if p, ok := onlyPod(c); ok {
 		pod = p
+		if d.cfg.Pods != nil {
+			if i := slices.IndexFunc(c.Status.ReservedFor, func(r resourceapi.ResourceClaimConsumerReference) bool { return r.UID == p }); i >= 0 {
+				if known := d.cfg.Pods(c.Namespace, c.Status.ReservedFor[i].Name); known != nil && known.UID == p {
+					podName, containers = known.Name, ContainersGiven(known, c.Name)
+				}
+			}
+		}
 	}
-	tenant := gpu.ClaimTenant{Claim: string(c.UID), Pod: string(pod), Assignment: assignment}
+	tenant := gpu.ClaimTenant{Claim: string(c.UID), Pod: string(pod), Namespace: c.Namespace, PodName: podName, Containers: containers, Assignment: assignment}
 	if d.cfg.Isolator != nil {
 		// Its limits go in force before anything is recorded: a refusal
 		// leaves no file, and the reconciliation takes back limits set
@@ -338,7 +348,7 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 	}
 	e.Env = append(e.Env, deviceplugin.IsolationEnv+"="+deviceplugin.IsolationValue(e.Guarantees))
 	rec := &preparedClaim{Namespace: c.Namespace, Name: c.Name, State: statePreparing, Devices: mine, CDIDevice: CDIKind + "=" + string(c.UID),
-		Shim: gpu.NeedsShim(e.Guarantees), Pod: pod}
+		Shim: gpu.NeedsShim(e.Guarantees), Pod: pod, PodName: podName, Containers: containers}
 	if rec.Shim && d.cfg.Shim == nil {
 		return nil, errors.New("its slices are held by libtessera, which this agent was not given (--shim-dir)")
 	}
@@ -380,6 +390,37 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 	}
 	klog.FromContext(ctx).V(2).Info("Claim prepared", "mode", assignment.Mode, "gpus", uuids, "env", e.Env, "isolation", deviceplugin.IsolationValue(e.Guarantees))
 	return answer(rec), nil
+}
+
+// ContainersGiven are the containers of pod (init containers first) given
+// the ResourceClaim named claim, through the pod's claim entry that
+// resolves to it (a claim named directly, or one made from a template,
+// named in the pod's status).
+func ContainersGiven(pod *v1.Pod, claim string) []string {
+	var entry string
+	for i := range pod.Spec.ResourceClaims {
+		pc := &pod.Spec.ResourceClaims[i]
+		if pc.ResourceClaimName != nil && *pc.ResourceClaimName == claim {
+			entry = pc.Name
+		}
+	}
+	for _, st := range pod.Status.ResourceClaimStatuses {
+		if st.ResourceClaimName != nil && *st.ResourceClaimName == claim {
+			entry = st.Name
+		}
+	}
+	if entry == "" {
+		return nil
+	}
+	var out []string
+	for _, cs := range [][]v1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for _, c := range cs {
+			if slices.ContainsFunc(c.Resources.Claims, func(r v1.ResourceClaim) bool { return r.Name == entry }) {
+				out = append(out, c.Name)
+			}
+		}
+	}
+	return out
 }
 
 // onlyPod is the UID of the one pod a claim is reserved for, false where

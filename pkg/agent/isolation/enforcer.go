@@ -510,10 +510,6 @@ func (e *Enforcer) IsolateClaim(ctx context.Context, c gpu.ClaimTenant, claims [
 			}
 		}
 	}
-	reservedFor := 0 // pods whose cgroup holds the claim: one, or none
-	if c.Pod != "" {
-		reservedFor = 1
-	}
 	if e.limiter != nil && c.Pod != "" {
 		plan := memlimit.Plan(memlimitPods(pods, claims), e.limitedGPUs())
 		if err := e.limiter.ApplyPod(ctx, c.Pod, memlimit.ForPod(plan, c.Pod)); err != nil {
@@ -522,9 +518,57 @@ func (e *Enforcer) IsolateClaim(ctx context.Context, c gpu.ClaimTenant, claims [
 	}
 	gs := make([]gpu.Guarantee, len(c.Assignment.GPUs))
 	for i, g := range c.Assignment.GPUs {
-		gs[i] = gpu.GuaranteeOf(c.Assignment.Mode, g, gpu.ClaimOffer(e.Offer(g.UUID), reservedFor), gpu.MPSServerLimits{ThreadPercent: 100})
+		gs[i] = e.claimGuarantee(c, g)
+	}
+	if c.Pod != "" {
+		// The pod's condition names every claim of it, this one included.
+		var held []gpu.SliceGuarantee
+		for _, t := range claims {
+			if t.Pod == c.Pod {
+				held = append(held, e.claimSliceGuarantees(t)...)
+			}
+		}
+		if pod := e.nodePod(types.UID(c.Pod)); pod != nil && len(held) > 0 {
+			go e.report(klog.NewContext(context.Background(), klog.FromContext(ctx)), pod, held)
+		}
 	}
 	return gs, nil
+}
+
+// claimGuarantee is what holds claim t's slice of GPU grant g: the GPU's
+// offer, less the kernel's limits for a claim not of one pod, and MPS
+// reported under the whole GPU's server limits (gpu.ClaimOffer).
+func (e *Enforcer) claimGuarantee(t gpu.ClaimTenant, g gpu.GPUGrant) gpu.Guarantee {
+	reservedFor := 0
+	if t.Pod != "" {
+		reservedFor = 1
+	}
+	return gpu.GuaranteeOf(t.Assignment.Mode, g, gpu.ClaimOffer(e.Offer(g.UUID), reservedFor), gpu.MPSServerLimits{ThreadPercent: 100})
+}
+
+// claimSliceGuarantees are what holds claim t's slices, per container
+// given it (none where the agent did not know its pod).
+func (e *Enforcer) claimSliceGuarantees(t gpu.ClaimTenant) []gpu.SliceGuarantee {
+	var out []gpu.SliceGuarantee
+	for _, ctr := range t.Containers {
+		for _, g := range t.Assignment.GPUs {
+			out = append(out, gpu.SliceGuarantee{Container: ctr, GPU: g.UUID, Guarantee: e.claimGuarantee(t, g)})
+		}
+	}
+	return out
+}
+
+// nodePod is the node's pod uid, nil where the agent does not know it.
+func (e *Enforcer) nodePod(uid types.UID) *v1.Pod {
+	if e.cfg.NodePods == nil {
+		return nil
+	}
+	for _, p := range e.cfg.NodePods() {
+		if p.UID == uid {
+			return p
+		}
+	}
+	return nil
 }
 
 // guaranteesOf is what holds each slice of a pod. A kernel limit or a
@@ -702,6 +746,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
+	c.collectClaims(ch)
 	for _, p := range c.e.activePods(nil) {
 		for _, ctr := range p.asg.Containers {
 			for _, g := range ctr.GPUs {
@@ -715,6 +760,48 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 				ch <- prometheus.MustNewConstMetric(sliceIsolationDesc, prometheus.GaugeValue, 1,
 					c.e.cfg.Labels(g.GPU, p.pod.Namespace, p.pod.Name, g.Container, dim, string(m))...)
 			}
+		}
+	}
+}
+
+// collectClaims exports the claims' grants and what holds them, per
+// container given each claim (a claim given to several containers shows
+// its grant on each: they share it). Two claims of one container on one
+// GPU are one series, their grants summed.
+func (c collector) collectClaims(ch chan<- prometheus.Metric) {
+	type key struct{ uuid, ns, pod, ctr string }
+	type slice struct {
+		memMiB int64
+		cores  int
+		held   gpu.Guarantee
+	}
+	byKey := map[key]*slice{}
+	var order []key
+	for _, t := range c.e.claims() {
+		if t.PodName == "" {
+			continue
+		}
+		for _, ctr := range t.Containers {
+			for _, g := range t.Assignment.GPUs {
+				k := key{g.UUID, t.Namespace, t.PodName, ctr}
+				s := byKey[k]
+				if s == nil {
+					s = &slice{held: c.e.claimGuarantee(t, g)}
+					byKey[k] = s
+					order = append(order, k)
+				}
+				s.memMiB += g.MemoryMiB
+				s.cores += g.CoresPerMille
+			}
+		}
+	}
+	for _, k := range order {
+		s := byKey[k]
+		l := c.e.cfg.Labels(k.uuid, k.ns, k.pod, k.ctr)
+		ch <- prometheus.MustNewConstMetric(grantedMemoryDesc, prometheus.GaugeValue, float64(s.memMiB)*(1<<20), l...)
+		ch <- prometheus.MustNewConstMetric(grantedCoresDesc, prometheus.GaugeValue, float64(s.cores)/gpu.CoresPerGPU, l...)
+		for dim, m := range map[string]gpu.Mechanism{"memory": s.held.Memory, "compute": s.held.Compute} {
+			ch <- prometheus.MustNewConstMetric(sliceIsolationDesc, prometheus.GaugeValue, 1, c.e.cfg.Labels(k.uuid, k.ns, k.pod, k.ctr, dim, string(m))...)
 		}
 	}
 }
