@@ -4,26 +4,19 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/tessera-gpu/tessera/pkg/agent/dra"
-	"github.com/tessera-gpu/tessera/pkg/agent/isolation"
-	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
-	"github.com/tessera-gpu/tessera/pkg/nvml/nvmltest"
 )
 
 // allocatedClaim is a claim allocated a slice (memory, cores) of device on
@@ -37,6 +30,18 @@ func allocatedClaim(name, device, memory, cores string, pods ...types.UID) *reso
 		c.Status.ReservedFor = append(c.Status.ReservedFor, resourceapi.ResourceClaimConsumerReference{Resource: "pods", Name: "pod-" + name + string(rune('a'+i)), UID: uid})
 	}
 	return c
+}
+
+// serveDRA makes the agent serve DRA claims, with its plugin directory
+// (short: it holds a socket) and CDI directory the test's.
+func serveDRA(t *testing.T, o *Options) {
+	t.Helper()
+	plugins, err := os.MkdirTemp("", "dra")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(plugins) })
+	o.DRA, o.CDIDir = DRAOptions{Mode: DRAAlways, PluginDir: plugins}, t.TempDir()
 }
 
 // prepareClaim has the agent's driver prepare c, as kubelet asks.
@@ -84,14 +89,7 @@ func claimIsolation(t *testing.T, a *Agent, c *resourceapi.ResourceClaim) string
 // its claim refused; an unprepared claim's limit is removed.
 func TestClaimKernelMemoryLimits(t *testing.T) {
 	ctx := context.Background()
-	n := newIsolationNodeWith(t, func(o *Options) {
-		plugins, err := os.MkdirTemp("", "dra")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(plugins) })
-		o.DRA, o.CDIDir = DRAOptions{Mode: DRAAlways, PluginDir: plugins}, t.TempDir()
-	})
+	n := newIsolationNodeWith(t, func(o *Options) { serveDRA(t, o) })
 	if err := n.a.Refresh(ctx, time.Now()); err != nil {
 		t.Fatal(err)
 	}
@@ -162,29 +160,7 @@ func TestClaimKernelMemoryLimits(t *testing.T) {
 // connect. Run on the MPS stand-in.
 func TestClaimsCountInMPSServerLimits(t *testing.T) {
 	ctx := context.Background()
-	bin := filepath.Join(t.TempDir(), "nvidia-cuda-mps-control")
-	if out, err := exec.Command("go", "build", "-o", bin, "./mps/testdata/fakecontrol").CombinedOutput(); err != nil {
-		t.Fatalf("building the MPS stand-in: %v\n%s", err, out)
-	}
-	srv := dgxh100.New()
-	nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{} })
-	plugins, err := os.MkdirTemp("", "dra")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(plugins) })
-	n := &isolationNode{}
-	a, err := New(Options{Node: "n1", Config: config.Default(), Client: newNode(), NVML: srv, MPS: true, MPSBinary: bin, MPSRoot: t.TempDir(),
-		CDIDir: t.TempDir(), DRA: DRAOptions{Mode: DRAAlways, PluginDir: plugins},
-		NodePods: func() []*v1.Pod { n.mu.Lock(); defer n.mu.Unlock(); return append([]*v1.Pod(nil), n.pods...) }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n.a = a
-	if err := a.mpsMgr.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = a.mpsMgr.Stop(ctx) }()
+	srv, n, a := mpsAgent(t, func(o *Options) { serveDRA(t, o) })
 	if err := a.Refresh(ctx, time.Now()); err != nil {
 		t.Fatal(err)
 	}
@@ -232,12 +208,7 @@ func TestClaimSlicesReported(t *testing.T) {
 	ctx := context.Background()
 	var pods []*v1.Pod
 	n := newIsolationNodeWith(t, func(o *Options) {
-		plugins, err := os.MkdirTemp("", "dra")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(plugins) })
-		o.DRA, o.CDIDir = DRAOptions{Mode: DRAAlways, PluginDir: plugins}, t.TempDir()
+		serveDRA(t, o)
 		o.Pods = func(ns, name string) *v1.Pod {
 			for _, p := range pods {
 				if p.Namespace == ns && p.Name == name {
@@ -269,22 +240,9 @@ func TestClaimSlicesReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	uuid := n.uuids[0]
-	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
-		p, err := n.a.opts.Client.CoreV1().Pods("lab").Get(ctx, "train", metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		for _, c := range p.Status.Conditions {
-			if c.Type == isolation.ConditionGPUIsolation {
-				if c.Status != v1.ConditionFalse || !strings.Contains(c.Message, "main on "+uuid+": memory=kernel,compute=none") || strings.Contains(c.Message, "sidecar") {
-					t.Errorf("condition %+v", c)
-				}
-				return true, nil
-			}
-		}
-		return false, nil
-	}); err != nil {
-		t.Fatalf("no %s condition on the claim's pod: %v", isolation.ConditionGPUIsolation, err)
+	if c := isolationCondition(t, n.a, "lab", "train"); c.Status != v1.ConditionFalse ||
+		!strings.Contains(c.Message, "main on "+uuid+": memory=kernel,compute=none") || strings.Contains(c.Message, "sidecar") {
+		t.Errorf("the claim's pod condition %+v", c)
 	}
 	mech := isolationSeries(t, n.a)
 	if got := mech["train/"+uuid+"/memory"]; got != "kernel" {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	v1 "k8s.io/api/core/v1"
@@ -188,22 +189,8 @@ func TestKernelMemoryLimitsHoldTimeSlicedSlices(t *testing.T) {
 	}
 
 	// The pod condition and the metric say what holds each slice.
-	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
-		p, err := n.a.opts.Client.CoreV1().Pods("lab").Get(ctx, "train-1", metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		for _, c := range p.Status.Conditions {
-			if c.Type == isolation.ConditionGPUIsolation {
-				if c.Status != v1.ConditionFalse || !strings.Contains(c.Message, "main on "+n.uuids[0]+": memory=kernel,compute=none") {
-					t.Errorf("condition %+v", c)
-				}
-				return true, nil
-			}
-		}
-		return false, nil
-	}); err != nil {
-		t.Fatalf("no %s condition on the pod: %v", isolation.ConditionGPUIsolation, err)
+	if c := isolationCondition(t, n.a, "lab", "train-1"); c.Status != v1.ConditionFalse || !strings.Contains(c.Message, "main on "+n.uuids[0]+": memory=kernel,compute=none") {
+		t.Errorf("condition %+v", c)
 	}
 	mech := isolationSeries(t, n.a)
 	if got := mech["train-1/"+n.uuids[0]+"/memory"]; got != "kernel" {
@@ -242,6 +229,29 @@ func TestKernelMemoryLimitsHoldTimeSlicedSlices(t *testing.T) {
 	if _, hard, ok := lim.Limit(podCg); !ok || hard != 20*gib {
 		t.Errorf("the running pod's limit was lost: hard %d, set %v", hard, ok)
 	}
+}
+
+// isolationCondition waits for the pod's GPUIsolation condition and
+// returns it.
+func isolationCondition(t *testing.T, a *Agent, ns, name string) v1.PodCondition {
+	t.Helper()
+	var got v1.PodCondition
+	if err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		p, err := a.opts.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == isolation.ConditionGPUIsolation {
+				got = c
+				return true, nil
+			}
+		}
+		return false, nil
+	}); err != nil {
+		t.Fatalf("no %s condition on pod %s/%s: %v", isolation.ConditionGPUIsolation, ns, name, err)
+	}
+	return got
 }
 
 // gatherIsolation gathers what the isolation collector exports.
@@ -309,23 +319,7 @@ func labelsOf(m *dto.Metric) map[string]string {
 // documents them.
 func TestMPSGuaranteesFollowConnectTime(t *testing.T) {
 	ctx := context.Background()
-	bin := filepath.Join(t.TempDir(), "nvidia-cuda-mps-control")
-	if out, err := exec.Command("go", "build", "-o", bin, "./mps/testdata/fakecontrol").CombinedOutput(); err != nil {
-		t.Fatalf("building the MPS stand-in: %v\n%s", err, out)
-	}
-	srv := dgxh100.New()
-	nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{} })
-	n := &isolationNode{}
-	a, err := New(Options{Node: "n1", Config: config.Default(), Client: newNode(), NVML: srv, MPS: true, MPSBinary: bin, MPSRoot: t.TempDir(),
-		NodePods: func() []*v1.Pod { n.mu.Lock(); defer n.mu.Unlock(); return append([]*v1.Pod(nil), n.pods...) }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n.a = a
-	if err := a.mpsMgr.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = a.mpsMgr.Stop(ctx) }()
+	srv, n, a := mpsAgent(t, nil)
 	uuid, _ := srv.Devices[0].GetUUID()
 	start := func(name string, cores int, mem int64) gpu.Guarantee {
 		t.Helper()
@@ -453,6 +447,41 @@ func TestMPSGuaranteesFollowConnectTime(t *testing.T) {
 	if g := now("small-1"); g != cooperating {
 		t.Errorf("small-1 without a record after a restart: %v, want %v", g, cooperating)
 	}
+}
+
+// mpsAgent is an agent on a DGX H100 mock (its options changed by with,
+// when set) with its MPS daemons started through the MPS stand-in
+// (testdata/fakecontrol), which keeps the limits as MPS documents them,
+// stopped when the test ends; and its node's pods.
+func mpsAgent(t *testing.T, with func(*Options)) (*server.Server, *isolationNode, *Agent) {
+	t.Helper()
+	srv, n, opts := mpsNode(t)
+	if with != nil {
+		with(&opts)
+	}
+	a, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.a = a
+	if err := a.mpsMgr.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.mpsMgr.Stop(context.Background()) })
+	return srv, n, a
+}
+
+func mpsNode(t *testing.T) (*server.Server, *isolationNode, Options) {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "nvidia-cuda-mps-control")
+	if out, err := exec.Command("go", "build", "-o", bin, "./mps/testdata/fakecontrol").CombinedOutput(); err != nil {
+		t.Fatalf("building the MPS stand-in: %v\n%s", err, out)
+	}
+	srv := dgxh100.New()
+	nvmltest.Install(srv, func(int) *nvmltest.Reading { return &nvmltest.Reading{} })
+	n := &isolationNode{}
+	return srv, n, Options{Node: "n1", Config: config.Default(), Client: newNode(), NVML: srv, MPS: true, MPSBinary: bin, MPSRoot: t.TempDir(),
+		NodePods: func() []*v1.Pod { n.mu.Lock(); defer n.mu.Unlock(); return append([]*v1.Pod(nil), n.pods...) }}
 }
 
 // TestShimHoldsWhatTheDriverCannot: on GPUs without kernel memory limits
