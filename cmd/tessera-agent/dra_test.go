@@ -28,12 +28,15 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/playground"
 )
 
-// TestDRAFlags runs the agent as its DaemonSet would with --dra=always and
-// the two kubelet directories given by flag, on a mock DGX H100 against a
-// real API server (in-process): the driver's socket is in
-// --dra-plugin-dir, its registration socket in --plugin-registry-dir
-// answers kubelet's plugin watcher with that socket and the DRA service,
-// and the node's ResourceSlice holds its eight GPUs.
+// TestDRAFlags runs the agent with the arguments and configuration the
+// chart renders for an operator who allows no memory oversubscription,
+// with --dra=always and the two kubelet directories given by flag, on a
+// mock DGX H100 against a real API server (in-process): the driver's
+// socket is in --dra-plugin-dir, its registration socket in
+// --plugin-registry-dir answers kubelet's plugin watcher with that socket
+// and the DRA service, and the node's ResourceSlice holds its eight GPUs,
+// each offering its own 80 GiB of memory (the agent's default, 1.5, would
+// offer 120 GiB: claims past what the operator allows).
 func TestDRAFlags(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a control plane; skipped with -short")
@@ -74,10 +77,10 @@ func TestDRAFlags(t *testing.T) {
 	if err := os.MkdirAll(registryDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	args := []string{"--node", "n1", "--kubeconfig", kc, "--metrics-addr", "127.0.0.1:0", "--cgroup-root=", "--driver-root=", "--host-root=",
+	args := append(chartAgent(t, "{scheduler: {memoryOversubscription: 1.0}, agent: {mps: false}}", dir), "--node", "n1", "--kubeconfig", kc, "--metrics-addr", "127.0.0.1:0", "--cgroup-root=", "--driver-root=", "--host-root=",
 		"--device-plugin-dir", filepath.Join(sockets, "dp"), "--pod-resources-socket", filepath.Join(sockets, "pr.sock"), "--cdi-dir", filepath.Join(dir, "cdi"),
 		"--mps-root", filepath.Join(dir, "mps"), "--preemption-dir", filepath.Join(dir, "preemption"), "--shim-dir=",
-		"--dra=always", "--dra-plugin-dir", pluginDir, "--plugin-registry-dir", registryDir}
+		"--dra=always", "--dra-plugin-dir", pluginDir, "--plugin-registry-dir", registryDir)
 	var errOut bytes.Buffer
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, args, &errOut) }()
@@ -115,7 +118,15 @@ func TestDRAFlags(t *testing.T) {
 	}
 	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		l, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
-		return err == nil && len(l.Items) == 1 && l.Items[0].Spec.NodeName != nil && *l.Items[0].Spec.NodeName == "n1" && len(l.Items[0].Spec.Devices) == 8, nil
+		if err != nil || len(l.Items) != 1 || l.Items[0].Spec.NodeName == nil || *l.Items[0].Spec.NodeName != "n1" || len(l.Items[0].Spec.Devices) != 8 {
+			return false, nil
+		}
+		for _, d := range l.Items[0].Spec.Devices {
+			if m := d.Capacity[dra.CapacityMemory]; m.Value.String() != "80Gi" {
+				t.Errorf("device %s offers %s of memory, want its own 80Gi (memoryOversubscription 1.0)", d.Name, m.Value.String())
+			}
+		}
+		return true, nil
 	}); err != nil {
 		t.Fatalf("no ResourceSlice of n1's eight GPUs: %v", err)
 	}

@@ -77,36 +77,11 @@ func TestStartupErrors(t *testing.T) {
 // node (here it stops at the API server, which this test does not run,
 // reading its Node for the chart's --dra=node-label).
 func TestChartArgsAreTheAgents(t *testing.T) {
-	var values map[string]any
-	if err := yaml.Unmarshal([]byte(`agent: {allowNoGPU: true, extraArgs: ["--scheduler-names=tessera-scheduler,gpu-batch"]}`), &values); err != nil {
-		t.Fatal(err)
-	}
-	r, err := chart.Render(values, chart.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	manifest, err := r.Join(r.Names()...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := deploy.Objects(manifest)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var args []string
-	for _, u := range objs {
-		if u.GetKind() != "DaemonSet" || u.GetName() != "tessera-agent" {
-			continue
-		}
-		containers, _, _ := unstructured.NestedSlice(u.Object, "spec", "template", "spec", "containers")
-		for _, a := range containers[0].(map[string]any)["args"].([]any) {
-			args = append(args, a.(string))
-		}
-	}
+	dir := t.TempDir()
+	args := chartAgent(t, `agent: {allowNoGPU: true, extraArgs: ["--scheduler-names=tessera-scheduler,gpu-batch"]}`, dir)
 	if !slices.Contains(args, "--allow-no-gpu") || args[len(args)-1] != "--scheduler-names=tessera-scheduler,gpu-batch" {
 		t.Fatalf("rendered agent args %q: want --allow-no-gpu and the extra flag last", args)
 	}
-	dir := t.TempDir()
 	kc := filepath.Join(dir, "kubeconfig")
 	if err := os.WriteFile(kc, []byte(kubeconfig), 0o600); err != nil {
 		t.Fatal(err)
@@ -145,4 +120,51 @@ func TestChartArgsAreTheAgents(t *testing.T) {
 		t.Errorf("libtessera in --shim-dir: %q, %v; want the --shim-library file", b, err)
 	}
 	t.Logf("exit %d (no API server here): %s", code, strings.TrimSpace(errOut.String()))
+}
+
+// chartAgent renders the chart with values (YAML) and returns the agent
+// container's arguments as its DaemonSet runs them, with its configuration
+// file (ConfigMap tessera-agent-config, which the DaemonSet mounts at the
+// path --config names) written to dir and --config pointing there.
+func chartAgent(t *testing.T, values, dir string) []string {
+	t.Helper()
+	var v map[string]any
+	if err := yaml.Unmarshal([]byte(values), &v); err != nil {
+		t.Fatal(err)
+	}
+	r, err := chart.Render(v, chart.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifest, err := r.Join(r.Names()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := deploy.Objects(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var args []string
+	var config string
+	for _, u := range objs {
+		switch {
+		case u.GetKind() == "DaemonSet" && u.GetName() == "tessera-agent":
+			containers, _, _ := unstructured.NestedSlice(u.Object, "spec", "template", "spec", "containers")
+			for _, a := range containers[0].(map[string]any)["args"].([]any) {
+				args = append(args, a.(string))
+			}
+		case u.GetKind() == "ConfigMap" && u.GetName() == "tessera-agent-config":
+			config, _, _ = unstructured.NestedString(u.Object, "data", "agent-config.yaml")
+		}
+	}
+	i := slices.Index(args, "--config=/etc/tessera/agent-config.yaml")
+	if i < 0 || config == "" {
+		t.Fatalf("rendered agent args %q, configuration %q: want --config naming the ConfigMap's file", args, config)
+	}
+	path := filepath.Join(dir, "agent-config.yaml")
+	if err := os.WriteFile(path, []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args[i] = "--config=" + path
+	return args
 }

@@ -89,11 +89,11 @@ func TestShippedAgentManifest(t *testing.T) {
 		created++
 	}
 	// Namespace, ServiceAccount, ClusterRole, ClusterRoleBinding, the
-	// heartbeat Role and RoleBinding, the metrics Service, the DaemonSet
-	// and the DRA driver's four DeviceClasses (their CEL compiled by the
-	// API server).
-	if created != 12 {
-		t.Fatalf("created %d objects, want 12", created)
+	// heartbeat Role and RoleBinding, the metrics Service, the agent's
+	// configuration, the DaemonSet and the DRA driver's four DeviceClasses
+	// (their CEL compiled by the API server).
+	if created != 13 {
+		t.Fatalf("created %d objects, want 13", created)
 	}
 }
 

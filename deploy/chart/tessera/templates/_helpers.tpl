@@ -16,3 +16,17 @@ app.kubernetes.io/version: {{ default $root.Chart.AppVersion $root.Values.image.
 {{- define "tessera.user" -}}
 {{- printf "system:serviceaccount:%s:%s" (index . 0).Release.Namespace (index . 1) -}}
 {{- end -}}
+
+{{/*
+The agent's TesseraConfiguration (ConfigMap tessera-agent-config): what it
+shares with TesseraGPU's arguments, from the same values.
+*/}}
+{{- define "tessera.agentConfig" -}}
+apiVersion: tessera.dev/v1alpha1
+kind: TesseraConfiguration
+allocator:
+  memoryOversubscription: {{ .Values.scheduler.memoryOversubscription }}
+  minSliceMiB:
+    training: {{ .Values.scheduler.minSliceMiB.training }}
+    inference: {{ .Values.scheduler.minSliceMiB.inference }}
+{{- end }}
