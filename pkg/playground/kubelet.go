@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -295,6 +296,14 @@ func (k *kubelet) run(ctx context.Context) error {
 	k.runMu.Unlock()
 	factory.Start(rctx.Done())
 	factory.WaitForCacheSync(rctx.Done())
+	// Pods this kubelet ran before a restart and that were deleted while
+	// it was down get no event: look at each again, as kubelet's pod
+	// cleanup does, so their containers stop and their slots and claims
+	// are released (unprepared: kubelet's DRA manager would otherwise hold
+	// their claims prepared, and the agent their CDI specs).
+	for _, uid := range k.knownPods() {
+		queue.Add(uid)
+	}
 	// Kubelet admits pods one at a time but starts their containers in
 	// parallel; several workers put the agent's lookups under concurrency.
 	for range 8 {
@@ -304,12 +313,30 @@ func (k *kubelet) run(ctx context.Context) error {
 	return nil
 }
 
+// knownPods are the pods this kubelet holds anything of: running, with
+// slots, or with claims it prepared.
+func (k *kubelet) knownPods() []types.UID {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	known := map[types.UID]bool{}
+	for uid := range k.running {
+		known[uid] = true
+	}
+	for uid := range k.held {
+		known[uid] = true
+	}
+	for uid := range k.draPods {
+		known[uid] = true
+	}
+	return slices.Collect(maps.Keys(known))
+}
+
 // restart stops kubelet and starts it again, as a node's kubelet restart
 // does: containers and their GPU processes run on, and the device manager's
 // checkpoint keeps every pod's slots; the device plugin's connection is lost
 // until the agent registers again on the new kubelet.sock, and the pod
 // workers see every pod of the node afresh.
-func (k *kubelet) restart() error {
+func (k *kubelet) restart(down func() error) error {
 	k.runMu.Lock()
 	cancel, queue, reg, podRes := k.runCancel, k.queue, k.reg, k.podRes
 	k.runMu.Unlock()
@@ -322,7 +349,14 @@ func (k *kubelet) restart() error {
 	k.mu.Lock()
 	k.plugin = nil
 	k.mu.Unlock()
-	return k.run(k.nodeCtx)
+	var downErr error
+	if down != nil {
+		downErr = down()
+	}
+	if err := k.run(k.nodeCtx); err != nil {
+		return err
+	}
+	return downErr
 }
 
 // watchNotices plays the workloads' side of the preemption contract: a

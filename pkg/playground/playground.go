@@ -554,7 +554,14 @@ func (n *Node) MPSCommand(ctx context.Context, i int, command string) (string, e
 // its device manager keeps their slots, and the agent's device plugin must
 // find the new kubelet.sock and register again before a new GPU pod starts.
 func (n *Node) RestartKubelet() error {
-	return n.kubelet.restart()
+	return n.kubelet.restart(nil)
+}
+
+// RestartKubeletAfter is RestartKubelet with down run while the kubelet is
+// stopped (what the cluster does meanwhile, such as deleting its pods);
+// its error is returned after the kubelet is started again.
+func (n *Node) RestartKubeletAfter(down func() error) error {
+	return n.kubelet.restart(down)
 }
 
 // DevicePluginServes reports whether the node's kubelet has the agent's

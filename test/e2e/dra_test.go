@@ -239,6 +239,43 @@ func TestDRAPreemption(t *testing.T) {
 	}
 }
 
+// TestKubeletRestartReleasesPodsDeletedMeanwhile: a claim pod deleted
+// while its node's kubelet is down gets no event when the kubelet comes
+// back; as kubelet's pod cleanup does, the restarted kubelet looks again at
+// every pod it held, stops its processes and has its claim unprepared, so
+// the agent removes the claim's CDI spec (the soak found one left at its
+// end before).
+func TestKubeletRestartReleasesPodsDeletedMeanwhile(t *testing.T) {
+	c, _ := up(t, playground.Options{Nodes: 1, GPUsPerNode: 1, Model: "h100", DRANodes: 1})
+	const ns = "restart"
+	claimPod(t, c, ns, "held", "gpu-standard", nil)
+	pod := waitRunning(t, c.Client, ns, []string{"held"}, time.Minute)["held"]
+	claim, err := c.Client.ResourceV1().ResourceClaims(ns).Get(context.Background(), "held", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := c.Nodes[0]
+	spec := dra.SpecPath(node.CDIDir, claim.UID)
+	if _, err := os.Stat(spec); err != nil {
+		t.Fatalf("the claim's CDI spec: %v", err)
+	}
+	zero := int64(0)
+	if err := node.RestartKubeletAfter(func() error {
+		// No kubelet to stop the containers: gone from the API at once.
+		return c.Client.CoreV1().Pods(ns).Delete(context.Background(), "held", metav1.DeleteOptions{GracePeriodSeconds: &zero})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, c.Client, ns, "held")
+	if err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		_, err := os.Stat(spec)
+		return os.IsNotExist(err) && len(processesOf(t, node, string(pod.UID))) == 0, nil
+	}); err != nil {
+		_, statErr := os.Stat(spec)
+		t.Fatalf("after the restart the deleted pod's claim spec (%v) or processes %v remain", statErr, processesOf(t, node, string(pod.UID)))
+	}
+}
+
 // TestDRAClaimModes: a claim of each of the chart's classes — a whole GPU,
 // an MPS slice, a time-sliced slice — on a playground of two H100 DRA
 // nodes (the first running MPS), each pod created with its claim and timed
