@@ -17,12 +17,10 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/apiserver/pkg/storage/etcd3/testserver"
-	"k8s.io/apiserver/pkg/storage/storagebackend"
 	"k8s.io/client-go/kubernetes"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
-	kubeapiservertesting "k8s.io/kubernetes/cmd/kube-apiserver/app/testing"
 
+	"github.com/tessera-gpu/tessera/internal/apiservertest"
 	"github.com/tessera-gpu/tessera/pkg/agent/dra"
 	"github.com/tessera-gpu/tessera/pkg/nvml/nvmltest"
 	"github.com/tessera-gpu/tessera/pkg/playground"
@@ -36,19 +34,14 @@ import (
 // --plugin-registry-dir answers kubelet's plugin watcher with that socket
 // and the DRA service, and the node's ResourceSlice holds its eight GPUs,
 // each offering its own 80 GiB of memory (the agent's default, 1.5, would
-// offer 120 GiB: claims past what the operator allows).
+// offer 120 GiB: claims past what the operator allows). Every host path it
+// would default to is a scratch one.
 func TestDRAFlags(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a control plane; skipped with -short")
 	}
-	etcd := testserver.NewTestConfig(t)
-	testserver.RunEtcd(t, etcd)
-	sc := storagebackend.NewDefaultConfig(fmt.Sprintf("/tessera-agent-%d", time.Now().UnixNano()), nil)
-	sc.Transport.ServerList = []string{etcd.ListenClientUrls[0].String()}
-	srv := kubeapiservertesting.StartTestServerOrDie(t, kubeapiservertesting.NewDefaultTestServerOptions(),
-		[]string{"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition"}, sc)
-	t.Cleanup(srv.TearDownFn)
-	client := kubernetes.NewForConfigOrDie(srv.ClientConfig)
+	cfg := apiservertest.Start(t)
+	client := kubernetes.NewForConfigOrDie(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if _, err := client.CoreV1().Nodes().Create(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}, metav1.CreateOptions{}); err != nil {
@@ -56,7 +49,7 @@ func TestDRAFlags(t *testing.T) {
 	}
 	dir := t.TempDir()
 	kc := filepath.Join(dir, "kubeconfig")
-	if err := playground.WriteKubeconfig(srv.ClientConfig, kc); err != nil {
+	if err := playground.WriteKubeconfig(cfg, kc); err != nil {
 		t.Fatal(err)
 	}
 	defer func(f func() gonvml.Interface) { newNVML = f }(newNVML)
@@ -80,7 +73,10 @@ func TestDRAFlags(t *testing.T) {
 	args := append(chartAgent(t, "{scheduler: {memoryOversubscription: 1.0}, agent: {mps: false}}", dir), "--node", "n1", "--kubeconfig", kc, "--metrics-addr", "127.0.0.1:0", "--cgroup-root=", "--driver-root=", "--host-root=",
 		"--device-plugin-dir", filepath.Join(sockets, "dp"), "--pod-resources-socket", filepath.Join(sockets, "pr.sock"), "--cdi-dir", filepath.Join(dir, "cdi"),
 		"--mps-root", filepath.Join(dir, "mps"), "--preemption-dir", filepath.Join(dir, "preemption"), "--shim-dir=",
-		"--dra=always", "--dra-plugin-dir", pluginDir, "--plugin-registry-dir", registryDir)
+		"--dra=always", "--dra-plugin-dir", pluginDir, "--plugin-registry-dir", registryDir,
+		// The mock's GPUs are time-shared: the host's nvidia-smi, on a GPU
+		// node, is not run for them; and no host process is looked at.
+		"--nvidia-smi", filepath.Join(dir, "no-nvidia-smi"), "--proc", filepath.Join(dir, "proc"))
 	var errOut bytes.Buffer
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, args, &errOut) }()

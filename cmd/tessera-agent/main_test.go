@@ -136,7 +136,7 @@ func chartAgent(t *testing.T, values, dir string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	manifest, err := r.Join(r.Names()...)
+	manifest, err := r.Join()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
 	admissionv1 "k8s.io/api/admission/v1"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -118,5 +119,30 @@ func TestWebhookAnswersReviews(t *testing.T) {
 	}
 	if resp, err := http.Get(srv.URL + Path); err != nil || resp.StatusCode != http.StatusMethodNotAllowed {
 		t.Errorf("GET: %v %v", resp.StatusCode, err)
+	}
+}
+
+// TestSchedulersFlag: --claim-admission-schedulers names the profiles that
+// run TesseraGPU: a pod naming one of them is admitted, one naming the
+// default scheduler refused.
+func TestSchedulersFlag(t *testing.T) {
+	var o Options
+	fs := pflag.NewFlagSet("tessera-scheduler", pflag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse([]string{"--claim-admission-schedulers=tessera-scheduler,gpu-batch"}); err != nil {
+		t.Fatal(err)
+	}
+	client := fake.NewClientset(&resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: "slice", Namespace: "ml"},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.dev"}}}}}}})
+	s := &Server{Client: client, Schedulers: o.Schedulers}
+	for scheduler, allowed := range map[string]bool{"gpu-batch": true, "tessera-scheduler": true, "default-scheduler": false} {
+		pod := claimPod(scheduler, fromTemplate("gpu", "slice"))
+		raw, _ := json.Marshal(pod)
+		r := s.review(context.Background(), &admissionv1.AdmissionRequest{Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"}, Namespace: "ml",
+			Object: runtime.RawExtension{Raw: raw}})
+		if r.Allowed != allowed {
+			t.Errorf("a pod naming %s: allowed %v, want %v (%+v)", scheduler, r.Allowed, allowed, r.Result)
+		}
 	}
 }

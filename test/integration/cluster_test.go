@@ -18,16 +18,13 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/apiserver/pkg/storage/etcd3/testserver"
-	"k8s.io/apiserver/pkg/storage/storagebackend"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/component-base/configz"
-	kubeapiservertesting "k8s.io/kubernetes/cmd/kube-apiserver/app/testing"
 	"k8s.io/kubernetes/cmd/kube-scheduler/app"
 	"k8s.io/kubernetes/cmd/kube-scheduler/app/options"
 
 	"github.com/tessera-gpu/tessera/deploy"
+	"github.com/tessera-gpu/tessera/internal/apiservertest"
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/claimadmission"
 	"github.com/tessera-gpu/tessera/pkg/gpu"
@@ -55,21 +52,8 @@ func startCluster(t testing.TB, flags ...string) *cluster {
 	if testing.Short() {
 		t.Skip("starts a control plane; skipped with -short")
 	}
-	etcdCfg := testserver.NewTestConfig(t)
-	testserver.RunEtcd(t, etcdCfg)
-	sc := storagebackend.NewDefaultConfig(fmt.Sprintf("/tessera-%d", time.Now().UnixNano()), nil)
-	sc.Transport.ServerList = []string{etcdCfg.ListenClientUrls[0].String()}
-	// No controller-manager runs here: without the node lifecycle
-	// controller, the not-ready taint TaintNodesByCondition puts on a new
-	// Node would never be lifted, and without the token controller no
-	// service account would ever get its token.
-	srv := kubeapiservertesting.StartTestServerOrDie(t, kubeapiservertesting.NewDefaultTestServerOptions(),
-		append([]string{"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
-			// As kubeadm and managed clusters set it: node agents run privileged.
-			"--allow-privileged=true"}, flags...), sc)
-	t.Cleanup(srv.TearDownFn)
-
-	cfg := rest.CopyConfig(srv.ClientConfig)
+	// As kubeadm and managed clusters set it: node agents run privileged.
+	cfg := apiservertest.Start(t, append([]string{"--allow-privileged=true"}, flags...)...)
 	cfg.QPS, cfg.Burst = 1000, 2000
 	client := kubernetes.NewForConfigOrDie(cfg)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -297,11 +297,11 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 	if err := d.honoured(inv, c.UID, assignment); err != nil {
 		return nil, err
 	}
+	uuids := make([]string, len(assignment.GPUs))
+	for i, g := range assignment.GPUs {
+		uuids[i] = g.UUID
+	}
 	if d.cfg.Reclaiming != nil {
-		uuids := make([]string, len(assignment.GPUs))
-		for i, g := range assignment.GPUs {
-			uuids[i] = g.UUID
-		}
 		if victim, busy := d.cfg.Reclaiming(uuids); busy {
 			return nil, fmt.Errorf("%w: %s may have left processes there, which the agent kills before the claim's containers start; kubelet retries", ErrReclaiming, victim)
 		}
@@ -309,10 +309,6 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 	e, err := deviceplugin.EditsFor(assignment, d.cfg.PipeDir)
 	if err != nil {
 		return nil, err
-	}
-	uuids := make([]string, len(assignment.GPUs))
-	for i, g := range assignment.GPUs {
-		uuids[i] = g.UUID
 	}
 	if d.cfg.DriverEdits != nil {
 		if e.Driver, err = d.cfg.DriverEdits.DriverEdits(uuids); err != nil {
@@ -322,13 +318,11 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 	var pod types.UID // the claim's one pod; none when shared
 	var podName string
 	var containers []string
-	if p, ok := onlyPod(c); ok {
-		pod = p
+	if ref := onlyPod(c); ref != nil {
+		pod = ref.UID
 		if d.cfg.Pods != nil {
-			if i := slices.IndexFunc(c.Status.ReservedFor, func(r resourceapi.ResourceClaimConsumerReference) bool { return r.UID == p }); i >= 0 {
-				if known := d.cfg.Pods(c.Namespace, c.Status.ReservedFor[i].Name); known != nil && known.UID == p {
-					podName, containers = known.Name, ContainersGiven(known, c.Name)
-				}
+			if known := d.cfg.Pods(c.Namespace, ref.Name); known != nil && known.UID == ref.UID {
+				podName, containers = known.Name, ContainersGiven(known, c.Name)
 			}
 		}
 	}
@@ -423,17 +417,20 @@ func ContainersGiven(pod *v1.Pod, claim string) []string {
 	return out
 }
 
-// onlyPod is the UID of the one pod a claim is reserved for, false where
-// it is reserved for none or several.
-func onlyPod(c *resourceapi.ResourceClaim) (types.UID, bool) {
-	var uid types.UID
-	n := 0
-	for _, r := range c.Status.ReservedFor {
-		if r.APIGroup == "" && r.Resource == "pods" {
-			uid, n = r.UID, n+1
+// onlyPod is the one pod a claim is reserved for, nil where it is
+// reserved for none or several.
+func onlyPod(c *resourceapi.ResourceClaim) *resourceapi.ResourceClaimConsumerReference {
+	var only *resourceapi.ResourceClaimConsumerReference
+	for i, r := range c.Status.ReservedFor {
+		if r.APIGroup != "" || r.Resource != "pods" {
+			continue
 		}
+		if only != nil {
+			return nil
+		}
+		only = &c.Status.ReservedFor[i]
 	}
-	return uid, n == 1
+	return only
 }
 
 // assignmentOn is the claim's devices as one container's assignment on

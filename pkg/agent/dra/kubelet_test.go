@@ -769,3 +769,29 @@ func TestWholeClass(t *testing.T) {
 		t.Fatalf("an unknown configuration field: %v; want it refused", err)
 	}
 }
+
+// TestClaimWaitsForAReclaim: a claim on a GPU that a preempted pod's
+// leftover processes may still hold is not prepared (reason reclaiming,
+// naming the victim, no file written) until the reclaim is done; then
+// kubelet's retry prepares it.
+func TestClaimWaitsForAReclaim(t *testing.T) {
+	n := startNode(t)
+	busy := true
+	n.driver.cfg.Reclaiming = func(gpus []string) (string, bool) { return "ml/victim", busy && len(gpus) == 1 }
+	c := n.claim("after", map[resourceapi.QualifiedName]string{"memory": "2Gi", "cores": "10"})
+	p := n.pod(c)
+	err := n.manager.PrepareResources(n.ctx, p)
+	if err == nil || !strings.Contains(err.Error(), "its GPU is still being reclaimed from a preempted pod: ml/victim may have left processes there") {
+		t.Fatalf("a claim on a GPU being reclaimed: %v", err)
+	}
+	if got := testutil.ToFloat64(n.driver.refusals.WithLabelValues("node-a", "reclaiming")); got != 1 {
+		t.Errorf("tessera_dra_prepare_refusals_total{reason=reclaiming} = %v, want 1", got)
+	}
+	if _, err := os.Stat(SpecPath(n.cfg.CDIDir, c.UID)); !os.IsNotExist(err) {
+		t.Errorf("a spec was written: %v", err)
+	}
+	busy = false
+	if err := n.manager.PrepareResources(n.ctx, p); err != nil {
+		t.Fatalf("kubelet's retry once reclaimed: %v", err)
+	}
+}
