@@ -258,6 +258,8 @@ type Agent struct {
 	draMu      sync.Mutex
 	draServer  *dra.Server
 	servingDRA atomic.Bool
+	// noGPU is why the agent runs as an empty node (NVML's error), or "".
+	noGPU string
 }
 
 // New opens NVML and reads the GPUs. Without a driver it fails with
@@ -279,6 +281,7 @@ func New(opts Options) (*Agent, error) {
 	switch {
 	case errors.Is(err, nvml.ErrNoDriver) && opts.AllowNoGPU:
 		klog.Background().Info("No NVIDIA driver; running as an empty node", "err", err)
+		a.noGPU = err.Error()
 	case err != nil:
 		return nil, err
 	default:
@@ -592,6 +595,7 @@ func (a *Agent) Inventory(now time.Time) *gpu.NodeInventory {
 	}
 	inv.Reclaimed = a.preempt.Reclaimed()
 	inv.DRA = a.servingDRA.Load()
+	inv.NoGPU = a.noGPU
 	return inv
 }
 

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,8 +105,13 @@ func TestNoDriver(t *testing.T) {
 	if err := a.Refresh(context.Background(), time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if inv := published(t, client); len(inv.GPUs) != 0 {
+	inv := published(t, client)
+	if len(inv.GPUs) != 0 {
 		t.Fatalf("an empty node published %d GPUs", len(inv.GPUs))
+	}
+	// The doctor tells the operator why from the inventory.
+	if !strings.Contains(inv.NoGPU, "NVML is not available") {
+		t.Fatalf("the empty node's inventory says noGPU %q, want NVML's error", inv.NoGPU)
 	}
 }
 

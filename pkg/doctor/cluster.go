@@ -447,6 +447,12 @@ func checkAgents(f ClusterFacts, o ClusterOptions) []Finding {
 			out = append(out, Finding{ID: "agents.inventory", Severity: Error, Subject: n.Name, Summary: "a GPU node without a Tessera inventory: tessera-agent has not started there",
 				Remedy: "kubectl -n " + o.Namespace + " get pods -o wide -l " + agentendpoint.Selector + "; the agent needs the NVIDIA runtime and the node's GPU label."})
 			out = append(out, agentPod(f.Pods, o.Namespace, n.Name)...)
+		case inv.NoGPU != "":
+			out = append(out, Finding{ID: "agents.gpus", Severity: Warning, Subject: n.Name,
+				Summary:  "the node's agent serves no GPU: NVML did not load, so it runs as an empty node (agent.allowNoGPU)",
+				Evidence: inv.NoGPU,
+				Remedy: "Install the NVIDIA driver and container toolkit on the node, or give the agent the runtime class that mounts the driver (agent.runtimeClassName); " +
+					"if the node has no GPU, take the nvidia.com/gpu.present label off it. The agent finds the GPUs when it restarts."})
 		}
 		l, has := leases[inventory.HeartbeatName(n.Name)]
 		if !has {

@@ -202,6 +202,18 @@ scheduler_scheduling_attempt_duration_seconds_count{result="scheduled"} 100
 					}))
 			},
 			id: "agents.pod", sev: Error, want: []string{"n3", "is Pending", "1 Insufficient memory", "describe pod tessera-agent-n3"}},
+		{name: "an agent serving an empty node (allowNoGPU, no driver)",
+			objs: func(t *testing.T) []runtime.Object {
+				raw, err := gpu.EncodeInventory(&gpu.NodeInventory{Node: "n2", GPUs: []gpu.Device{},
+					NoGPU: "NVML is not available (no NVIDIA driver, or libnvidia-ml.so.1 not mounted into the agent): ERROR_LIBRARY_NOT_FOUND"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				objs := healthy(t)
+				objs[1] = &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n2", Annotations: map[string]string{gpu.AnnotationInventory: string(raw)}}}
+				return objs
+			},
+			id: "agents.gpus", sev: Warning, want: []string{"n2", "serves no GPU: NVML did not load", "ERROR_LIBRARY_NOT_FOUND", "agent.runtimeClassName"}},
 		{name: "a GPU node without inventory",
 			objs: func(t *testing.T) []runtime.Object {
 				return append(healthy(t), &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n3", Labels: map[string]string{"nvidia.com/gpu.present": "true"}}})

@@ -102,6 +102,10 @@ type NodeInventory struct {
 	// recent last, bounded by MaxReclaimed. The scheduler keeps a
 	// preemption victim's slices booked until its UID appears here.
 	Reclaimed []string `json:"reclaimed,omitempty"`
+	// NoGPU says why an agent serves no GPU at all, when it runs as an
+	// empty node (--allow-no-gpu) because NVML could not load: what the
+	// doctor tells the operator. Empty on a node with a driver.
+	NoGPU string `json:"noGPU,omitempty"`
 }
 
 // MaxReclaimed bounds NodeInventory.Reclaimed: the scheduler reads the list
