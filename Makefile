@@ -12,7 +12,7 @@ OPENB ?= ../shared/traces/openb
 # deprecation warnings (about 300 lines on a cold build) say nothing about Tessera.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: libtessera libtessera-test bench-libtessera c-compiler demo demo-sim test race test-short rules images manifests apt-lists browser web-screenshot soak bench bench-allocate bench-sim bench-scheduler fuzz build vet fmt-check openb openb-timeline clean
+.PHONY: libtessera libtessera-test bench-libtessera c-compiler demo demo-sim test race test-short rules images manifests apt-lists browser web-screenshot soak bench bench-allocate bench-sim bench-scheduler fuzz build vet fmt-check openb openb-timeline node-tools clean
 
 ## demo: a local playground cluster (4 simulated nodes × 8 H100s) with a sample workload; prints where each pod landed.
 demo:
@@ -173,6 +173,35 @@ fuzz:
 		out=$$($(GO) test $$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZEXECS)x 2>&1); rc=$$?; \
 		echo "$$out" | grep -E 'execs: [0-9]+ \(|^(ok|FAIL|---)|Failing input|panic|hung|deadline|_test.go' | tail -6; [ $$rc = 0 ] || exit 1; \
 	done
+
+# The node's components, from Go modules at the versions hack/tools/node
+# pins, stamped with their releases (unstamped, Kubernetes reports
+# v0.0.0-master, which the chart's kubeVersion refuses); the pause image's
+# program, static; and Debian's runc, CNI plugins and iptables.
+NODE_TOOLS = etcd:./etcd kube-apiserver:k8s.io/kubernetes/cmd/kube-apiserver \
+	kube-controller-manager:k8s.io/kubernetes/cmd/kube-controller-manager \
+	kube-scheduler:k8s.io/kubernetes/cmd/kube-scheduler kubelet:k8s.io/kubernetes/cmd/kubelet \
+	kube-proxy:k8s.io/kubernetes/cmd/kube-proxy kubectl:k8s.io/kubernetes/cmd/kubectl \
+	containerd:github.com/containerd/containerd/v2/cmd/containerd \
+	containerd-shim-runc-v2:github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+	ctr:github.com/containerd/containerd/v2/cmd/ctr helm:helm.sh/helm/v4/cmd/helm
+node-tools: bin/node/.built
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! { command -v runc && command -v iptables && [ -x /usr/lib/cni/bridge ]; } >/dev/null; then \
+		echo "installing Debian's runc, CNI plugins and iptables (for make e2e-node)"; \
+		(ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1 || apt-get update -qq) && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runc containernetworking-plugins iptables iproute2 >/dev/null; fi
+bin/node/.built: hack/tools/node/go.mod hack/tools/node/go.sum hack/tools/node/etcd/main.go hack/e2enode/pause/main.go
+	@echo "building the node's components from Go modules (hack/tools/node; several minutes the first time)"
+	@mkdir -p bin/node
+	@cd hack/tools/node && kube=$$($(GO) list -m -f '{{.Version}}' k8s.io/kubernetes) && \
+	ctrd=$$($(GO) list -m -f '{{.Version}}' github.com/containerd/containerd/v2) && \
+	minor=$$(echo $$kube | cut -d. -f2) && \
+	kubeflags="-X k8s.io/component-base/version.gitVersion=$$kube -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$$minor -X k8s.io/component-base/version.gitTreeState=clean" && \
+	for t in $(NODE_TOOLS); do name=$${t%%:*}; pkg=$${t#*:}; start=$$(date +%s); \
+		$(GO) build -tags no_btrfs -ldflags "$$kubeflags -X github.com/containerd/containerd/v2/version.Version=$${ctrd#v}" -o ../../../bin/node/$$name $$pkg || exit 1; \
+		echo "  $$name: $$(( $$(date +%s) - start )) s"; done
+	CGO_ENABLED=0 $(GO) build -o bin/node/pause ./hack/e2enode/pause
+	@touch $@
 
 clean:
 	rm -rf bin out libtessera/out
