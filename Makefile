@@ -12,7 +12,7 @@ OPENB ?= ../shared/traces/openb
 # deprecation warnings (about 300 lines on a cold build) say nothing about Tessera.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: libtessera libtessera-test bench-libtessera c-compiler demo demo-sim test race test-short rules images manifests apt-lists browser web-screenshot soak bench bench-allocate bench-sim bench-scheduler fuzz build vet fmt-check openb openb-timeline node-tools clean
+.PHONY: libtessera libtessera-test bench-libtessera c-compiler demo demo-sim test race test-short rules images manifests apt-lists browser web-screenshot soak bench bench-allocate bench-sim bench-scheduler fuzz build vet fmt-check openb openb-timeline e2e-node node-tools clean
 
 ## demo: a local playground cluster (4 simulated nodes × 8 H100s) with a sample workload; prints where each pod landed.
 demo:
@@ -173,6 +173,14 @@ fuzz:
 		out=$$($(GO) test $$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZEXECS)x 2>&1); rc=$$?; \
 		echo "$$out" | grep -E 'execs: [0-9]+ \(|^(ok|FAIL|---)|Failing input|panic|hung|deadline|_test.go' | tail -6; [ $$rc = 0 ] || exit 1; \
 	done
+
+## e2e-node: the chart installed, as the README says, from make images' archives on a one-node cluster of real components (kubelet, containerd, runc, kube-proxy) in namespaces of its own, checked as an operator would, and the host compared before and after (root; docs/development.md#make-e2e-node).
+E2E_REGISTRY ?= e2e.tessera.local
+e2e-node: node-tools
+	$(MAKE) --no-print-directory images REGISTRY=$(E2E_REGISTRY)
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/tessera ./cmd/tessera
+	$(GO) build -o bin/e2enode ./hack/e2enode
+	./bin/e2enode --registry $(E2E_REGISTRY)
 
 # The node's components, from Go modules at the versions hack/tools/node
 # pins, stamped with their releases (unstamped, Kubernetes reports
