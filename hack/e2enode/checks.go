@@ -86,7 +86,7 @@ func (c *checks) run() error {
 	_ = c.r.detailed("a CPU pod placed by tessera-scheduler runs", c.cpuPod)
 	_ = c.r.detailed("a GPU pod waits with the scheduler's reason on a node without GPUs", c.gpuPodPending)
 	_ = c.r.detailed("the leader's pod deleted: the other replica takes over", c.takeover)
-	_ = c.r.detailed("helm upgrade --set agent.allowNoGPU=true rolls the agent to an empty node, and doctor says why", c.upgradeNoGPU)
+	_ = c.r.detailed("helm upgrade (agent.allowNoGPU=true, scheduler.logLevel=3) rolls both; the agent serves an empty node, and doctor says why", c.upgradeNoGPU)
 	_ = c.r.detailed("metrics scraped through the Services (kube-proxy)", c.metrics)
 	_ = c.r.detailed("helm uninstall leaves only what the uninstall guide lists", c.uninstall)
 	return nil
@@ -466,7 +466,46 @@ func (c *checks) upgradeNoGPU() (string, error) {
 	if err != nil || len(old) != 1 {
 		return "", fmt.Errorf("want one agent pod before the upgrade: %d (%v)", len(old), err)
 	}
-	if _, err := c.helm("upgrade", "tessera", c.n.o.chart, "-n", ns, "--reuse-values", "--set", "agent.allowNoGPU=true"); err != nil {
+	oldSchedulers, err := c.pods(schedulerSelector)
+	if err != nil {
+		return "", err
+	}
+	wasScheduler := map[types.UID]bool{}
+	for _, p := range oldSchedulers {
+		wasScheduler[p.UID] = true
+	}
+	if _, err := c.helm("upgrade", "tessera", c.n.o.chart, "-n", ns, "--reuse-values",
+		"--set", "agent.allowNoGPU=true", "--set", "scheduler.logLevel=3"); err != nil {
+		return "", err
+	}
+	// The scheduler's Deployment rolls too (its flags changed): two new
+	// replicas, one leading.
+	var rolled string
+	err = poll(c.ctx, 3*time.Minute, "two new tessera-scheduler replicas Ready, one leading", func() (bool, string) {
+		pods, err := c.pods(schedulerSelector)
+		if err != nil {
+			return false, err.Error()
+		}
+		var fresh []string
+		for i := range pods {
+			if wasScheduler[pods[i].UID] {
+				return false, "old replica " + pods[i].Name + " still runs"
+			}
+			if ready(&pods[i]) {
+				fresh = append(fresh, pods[i].Name)
+			}
+		}
+		if len(fresh) != 2 {
+			return false, fmt.Sprintf("%d new replicas Ready", len(fresh))
+		}
+		holder, _, err := c.leader()
+		if err != nil || (holder != fresh[0] && holder != fresh[1]) {
+			return false, fmt.Sprintf("leader %q (%v)", holder, err)
+		}
+		rolled = fmt.Sprintf("tessera-scheduler rolled to %s, %s leading", strings.Join(fresh, ", "), holder)
+		return true, ""
+	})
+	if err != nil {
 		return "", err
 	}
 	var detail string
@@ -502,7 +541,7 @@ func (c *checks) upgradeNoGPU() (string, error) {
 		said = finding(out, "serves no GPU")
 		return said != "", out
 	})
-	return detail + ", Ready, no restart in 15 s\ndoctor: " + said, err
+	return rolled + "\n" + detail + ", Ready, no restart in 15 s\ndoctor: " + said, err
 }
 
 // metrics reads each component's metrics through its Service's cluster IP,
