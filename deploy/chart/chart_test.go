@@ -251,6 +251,12 @@ agent: {refusedGrace: 90s}`, Operator, func(t *testing.T, objs []*unstructured.U
 				t.Errorf("agent args %v lack --refused-grace=90s", args)
 			}
 		}},
+		{"extra scheduler flags, last", `scheduler: {extraArgs: ["--claim-admission-schedulers=tessera-scheduler,gpu-batch", "--v=4"]}`, Operator, func(t *testing.T, objs []*unstructured.Unstructured) {
+			args := container(t, find(t, objs, "Deployment", "tessera-scheduler"))["args"].([]any)
+			if n := len(args); n < 3 || args[n-2] != "--claim-admission-schedulers=tessera-scheduler,gpu-batch" || args[n-1] != "--v=4" {
+				t.Errorf("scheduler args %v: want the extra flags last, in order", args)
+			}
+		}},
 		{"claim admission off", "scheduler: {claimAdmission: {enabled: false}}", Operator, func(t *testing.T, objs []*unstructured.Unstructured) {
 			args := container(t, find(t, objs, "Deployment", "tessera-scheduler"))["args"].([]any)
 			if slices.ContainsFunc(args, func(a any) bool { return strings.HasPrefix(a.(string), "--claim-admission") }) {
@@ -429,6 +435,7 @@ func TestValuesSchema(t *testing.T) {
 		{"scheduler: {replica: 2}", "replica"},
 		{"agent: {mps: yes please}", "/agent/mps"},
 		{`agent: {extraArgs: ["allow-no-gpu"]}`, "/agent/extraArgs/0"},
+		{`scheduler: {extraArgs: ["v=4"]}`, "/scheduler/extraArgs/0"},
 		{"scheduler: {mode: alone}", "/scheduler/mode"},
 		{"scheduler: {preemption: {gracePeriod: soon}}", "/scheduler/preemption/gracePeriod"},
 		{"monitoring: {grafana: true}", "grafana"},
