@@ -17,6 +17,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -83,10 +84,11 @@ func (c *checks) run() error {
 	_ = c.r.detailed("the policies refuse a forged assignment on the real API server", c.forgedAssignment)
 	_ = c.r.detailed("the policies refuse a forged inventory", c.forgedInventory)
 	_ = c.r.detailed("the policies refuse a GPU pod naming spec.nodeName", c.pinnedGPUPod)
+	_ = c.r.detailed("the claim webhook, called through its Service, refuses a default-scheduler pod's gpu.tessera.dev claim", c.claimWebhook)
 	_ = c.r.detailed("a CPU pod placed by tessera-scheduler runs", c.cpuPod)
 	_ = c.r.detailed("a GPU pod waits with the scheduler's reason on a node without GPUs", c.gpuPodPending)
 	_ = c.r.detailed("the leader's pod deleted: the other replica takes over", c.takeover)
-	_ = c.r.detailed("helm upgrade (agent.allowNoGPU=true, scheduler.logLevel=3) rolls both; the agent serves an empty node, and doctor says why", c.upgradeNoGPU)
+	_ = c.r.detailed("helm upgrade (agent.allowNoGPU=true, scheduler.extraArgs) rolls both; the agent serves an empty node, and doctor says why", c.upgradeNoGPU)
 	_ = c.r.detailed("metrics scraped through the Services (kube-proxy)", c.metrics)
 	_ = c.r.detailed("helm uninstall leaves only what the uninstall guide lists", c.uninstall)
 	return nil
@@ -385,6 +387,36 @@ func (c *checks) pinnedGPUPod() (string, error) {
 	return refused(err, "tessera-gpu-pod-node-name", "which skips tessera-scheduler")
 }
 
+// claimWebhook creates, as the administrator, a pod whose claim template
+// asks gpu.tessera.dev while it names kube-scheduler: the API server calls
+// the webhook the scheduler replicas serve, through its Service. Until the
+// replicas have put their CA in the configuration the API server admits
+// (failurePolicy Ignore), so an admitted pod is deleted and tried again.
+func (c *checks) claimWebhook() (string, error) {
+	tmpl := &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: "slice", Namespace: tenant},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.dev"}}}}}}}
+	if _, err := c.client.ResourceV1().ResourceClaimTemplates(tenant).Create(c.ctx, tmpl, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return "", err
+	}
+	var refusal error
+	err := poll(c.ctx, time.Minute, "the webhook's refusal", func() (bool, string) {
+		p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("claim-default-%d", time.Now().UnixNano()), Namespace: tenant},
+			Spec: v1.PodSpec{SchedulerName: "default-scheduler", ResourceClaims: []v1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &tmpl.Name}},
+				Containers: []v1.Container{{Name: "main", Image: pauseImage, ImagePullPolicy: v1.PullNever}}}}
+		_, refusal = c.client.CoreV1().Pods(tenant).Create(c.ctx, p, metav1.CreateOptions{})
+		if refusal == nil {
+			_ = c.client.CoreV1().Pods(tenant).Delete(c.ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+			return false, "admitted"
+		}
+		return true, ""
+	})
+	if err != nil {
+		return "", err
+	}
+	return refused(refusal, `admission webhook "claims.gpu.tessera.dev" denied the request`, `names spec.schedulerName "default-scheduler": set it to tessera-scheduler`)
+}
+
 func (c *checks) cpuPod() (string, error) {
 	p := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "cpu", Namespace: tenant},
@@ -475,11 +507,11 @@ func (c *checks) upgradeNoGPU() (string, error) {
 		wasScheduler[p.UID] = true
 	}
 	if _, err := c.helm("upgrade", "tessera", c.n.o.chart, "-n", ns, "--reuse-values",
-		"--set", "agent.allowNoGPU=true", "--set", "scheduler.logLevel=3"); err != nil {
+		"--set", "agent.allowNoGPU=true", "--set-json", `scheduler.extraArgs=["--v=3"]`); err != nil {
 		return "", err
 	}
 	// The scheduler's Deployment rolls too (its flags changed): two new
-	// replicas, one leading.
+	// replicas, given the extra flag last, one leading.
 	var rolled string
 	err = poll(c.ctx, 3*time.Minute, "two new tessera-scheduler replicas Ready, one leading", func() (bool, string) {
 		pods, err := c.pods(schedulerSelector)
@@ -490,6 +522,9 @@ func (c *checks) upgradeNoGPU() (string, error) {
 		for i := range pods {
 			if wasScheduler[pods[i].UID] {
 				return false, "old replica " + pods[i].Name + " still runs"
+			}
+			if args := pods[i].Spec.Containers[0].Args; len(args) == 0 || args[len(args)-1] != "--v=3" {
+				return false, fmt.Sprintf("replica %s runs with %q, not the extra flag last", pods[i].Name, args)
 			}
 			if ready(&pods[i]) {
 				fresh = append(fresh, pods[i].Name)
@@ -502,7 +537,7 @@ func (c *checks) upgradeNoGPU() (string, error) {
 		if err != nil || (holder != fresh[0] && holder != fresh[1]) {
 			return false, fmt.Sprintf("leader %q (%v)", holder, err)
 		}
-		rolled = fmt.Sprintf("tessera-scheduler rolled to %s, %s leading", strings.Join(fresh, ", "), holder)
+		rolled = fmt.Sprintf("tessera-scheduler rolled to %s (extraArgs --v=3 last), %s leading", strings.Join(fresh, ", "), holder)
 		return true, ""
 	})
 	if err != nil {
