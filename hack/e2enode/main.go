@@ -36,6 +36,10 @@ import (
 // directory.
 const envInside = "TESSERA_E2E_NODE_SCRATCH"
 
+// envCgroup names, for the re-run, the node's parent cgroup: one per run,
+// so that two runs on one machine keep apart.
+const envCgroup = "TESSERA_E2E_NODE_CGROUP"
+
 type options struct {
 	nodeBin    string // the components' binaries (make node-tools)
 	tesseraBin string // the tessera command, for its doctor
@@ -48,7 +52,7 @@ type options struct {
 
 func main() {
 	o := options{nodeBin: "bin/node", tesseraBin: "bin/tessera", images: "out/images", chart: "deploy/chart/tessera",
-		timeout: 15 * time.Minute, cgroupName: "tessera-e2e-node"}
+		timeout: 15 * time.Minute, cgroupName: fmt.Sprintf("tessera-e2e-node-%d", os.Getpid())}
 	flag.StringVar(&o.registry, "registry", "e2e.tessera.local", "the registry make images tagged the archives for (make e2e-node passes E2E_REGISTRY)")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "Usage: %s [--registry R], from the repository's root, as root (make e2e-node builds what it needs first)\n", os.Args[0])
@@ -69,6 +73,7 @@ func main() {
 		*p = abs
 	}
 	if scratch, inside := os.LookupEnv(envInside); inside {
+		o.cgroupName = os.Getenv(envCgroup)
 		ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 		defer cancel()
 		if err := runInside(ctx, o, scratch); err != nil {
@@ -129,7 +134,7 @@ func runOutside(ctx context.Context, o options) error {
 		return err
 	}
 	cmd := exec.CommandContext(ctx, "/proc/self/exe", os.Args[1:]...)
-	cmd.Env = append(os.Environ(), envInside+"="+scratch)
+	cmd.Env = append(os.Environ(), envInside+"="+scratch, envCgroup+"="+o.cgroupName)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWNET | syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC,
