@@ -21,7 +21,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -680,81 +682,72 @@ func (c *checks) uninstall() (string, error) {
 }
 
 // leftovers sorts what of Tessera is in the cluster into what the uninstall
-// guide lists and what it does not.
+// guide lists and what it does not: every object in Tessera's namespace but
+// those each namespace has, every object named for Tessera in kube-system
+// and cluster-wide, the chart's priority classes, and the node's tessera.dev
+// annotations and labels.
 func (c *checks) leftovers() (unexpected, expected []string, err error) {
-	sort := func(what string, ok bool) {
-		if ok {
+	dyn, err := dynamic.NewForConfig(c.admin)
+	if err != nil {
+		return nil, nil, err
+	}
+	note := func(what string, listed bool) {
+		if listed {
 			expected = append(expected, what)
 		} else {
 			unexpected = append(unexpected, what)
 		}
 	}
-	tessera := func(name string) bool { return strings.Contains(name, "tessera") }
-	pods, err := c.client.CoreV1().Pods(ns).List(c.ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, nil, err
+	everyNamespaceHas := map[string]bool{"configmap/kube-root-ca.crt": true, "serviceaccount/default": true}
+	gvr := func(group, version, resource string) schema.GroupVersionResource {
+		return schema.GroupVersionResource{Group: group, Version: version, Resource: resource}
 	}
-	for _, p := range pods.Items {
-		sort("pod "+p.Name, false)
+	namespaced := []schema.GroupVersionResource{
+		gvr("", "v1", "pods"), gvr("", "v1", "configmaps"), gvr("", "v1", "secrets"), gvr("", "v1", "services"),
+		gvr("", "v1", "serviceaccounts"), gvr("apps", "v1", "deployments"), gvr("apps", "v1", "daemonsets"),
+		gvr("policy", "v1", "poddisruptionbudgets"), gvr("coordination.k8s.io", "v1", "leases"),
+		gvr("rbac.authorization.k8s.io", "v1", "roles"), gvr("rbac.authorization.k8s.io", "v1", "rolebindings"),
 	}
-	for _, kind := range []string{"configmaps", "secrets", "services", "serviceaccounts", "leases"} {
-		var names []string
-		switch kind {
-		case "configmaps":
-			l, err := c.client.CoreV1().ConfigMaps(ns).List(c.ctx, metav1.ListOptions{})
+	for _, r := range namespaced {
+		for _, namespace := range []string{ns, "kube-system"} {
+			l, err := dyn.Resource(r).Namespace(namespace).List(c.ctx, metav1.ListOptions{})
 			if err != nil {
-				return nil, nil, err
+				return nil, nil, fmt.Errorf("listing %s in %s: %w", r.Resource, namespace, err)
 			}
 			for _, x := range l.Items {
-				if x.Name == "kube-root-ca.crt" { // every namespace's, made by kube-controller-manager
-					continue
+				kind := strings.TrimSuffix(r.Resource, "s")
+				switch {
+				case namespace == "kube-system" && !strings.Contains(x.GetName(), "tessera"):
+				case namespace == "kube-system":
+					note(kind+" kube-system/"+x.GetName(), kind == "lease" && x.GetName() == scheduler)
+				case everyNamespaceHas[kind+"/"+x.GetName()]:
+				default:
+					note(kind+" "+ns+"/"+x.GetName(), kind == "lease" && strings.HasPrefix(x.GetName(), "tessera-agent-") ||
+						kind == "configmap" && x.GetLabels()["tessera.dev/preemption-record"] == "true")
 				}
-				sort("configmap "+ns+"/"+x.Name, x.Labels["tessera.dev/preemption-record"] == "true")
-			}
-		case "secrets":
-			l, err := c.client.CoreV1().Secrets(ns).List(c.ctx, metav1.ListOptions{})
-			if err != nil {
-				return nil, nil, err
-			}
-			for _, x := range l.Items {
-				names = append(names, x.Name)
-			}
-		case "services":
-			l, err := c.client.CoreV1().Services(ns).List(c.ctx, metav1.ListOptions{})
-			if err != nil {
-				return nil, nil, err
-			}
-			for _, x := range l.Items {
-				names = append(names, x.Name)
-			}
-		case "serviceaccounts":
-			l, err := c.client.CoreV1().ServiceAccounts(ns).List(c.ctx, metav1.ListOptions{})
-			if err != nil {
-				return nil, nil, err
-			}
-			for _, x := range l.Items {
-				if x.Name != "default" { // every namespace's
-					names = append(names, x.Name)
-				}
-			}
-		case "leases":
-			l, err := c.client.CoordinationV1().Leases(ns).List(c.ctx, metav1.ListOptions{})
-			if err != nil {
-				return nil, nil, err
-			}
-			for _, x := range l.Items {
-				sort("lease "+ns+"/"+x.Name, strings.HasPrefix(x.Name, "tessera-agent-"))
 			}
 		}
-		for _, n := range names {
-			sort(strings.TrimSuffix(kind, "s")+" "+ns+"/"+n, false)
+	}
+	cluster := []schema.GroupVersionResource{
+		gvr("rbac.authorization.k8s.io", "v1", "clusterroles"), gvr("rbac.authorization.k8s.io", "v1", "clusterrolebindings"),
+		gvr("scheduling.k8s.io", "v1", "priorityclasses"), gvr("resource.k8s.io", "v1", "deviceclasses"),
+		gvr("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies"),
+		gvr("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings"),
+		gvr("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations"),
+	}
+	for _, r := range cluster {
+		l, err := dyn.Resource(r).List(c.ctx, metav1.ListOptions{})
+		if err != nil {
+			return nil, nil, fmt.Errorf("listing %s: %w", r.Resource, err)
+		}
+		for _, x := range l.Items {
+			if strings.Contains(x.GetName(), "tessera") || r.Resource == "priorityclasses" && strings.HasPrefix(x.GetName(), "gpu-") {
+				note(strings.TrimSuffix(r.Resource, "s")+" "+x.GetName(), false)
+			}
 		}
 	}
 	if _, err := c.client.CoreV1().Namespaces().Get(c.ctx, ns, metav1.GetOptions{}); err == nil {
-		sort("namespace "+ns, true)
-	}
-	if _, err := c.client.CoordinationV1().Leases("kube-system").Get(c.ctx, scheduler, metav1.GetOptions{}); err == nil {
-		sort("lease kube-system/"+scheduler, true)
+		note("namespace "+ns, true)
 	}
 	node, err := c.client.CoreV1().Nodes().Get(c.ctx, nodeName, metav1.GetOptions{})
 	if err != nil {
@@ -762,97 +755,12 @@ func (c *checks) leftovers() (unexpected, expected []string, err error) {
 	}
 	for k := range node.Annotations {
 		if strings.HasPrefix(k, "tessera.dev/") {
-			sort("node annotation "+k, k == gpu.AnnotationInventory)
+			note("node annotation "+k, k == gpu.AnnotationInventory)
 		}
 	}
 	for k := range node.Labels {
 		if strings.HasPrefix(k, "tessera.dev/") {
-			sort("node label "+k, false)
-		}
-	}
-	// Cluster-wide objects the chart makes, all named for Tessera or its
-	// priority classes.
-	crs, err := c.client.RbacV1().ClusterRoles().List(c.ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, nil, err
-	}
-	for _, x := range crs.Items {
-		if tessera(x.Name) {
-			sort("clusterrole "+x.Name, false)
-		}
-	}
-	crbs, err := c.client.RbacV1().ClusterRoleBindings().List(c.ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, nil, err
-	}
-	for _, x := range crbs.Items {
-		if tessera(x.Name) {
-			sort("clusterrolebinding "+x.Name, false)
-		}
-	}
-	for _, namespace := range []string{"kube-system", ns} {
-		roles, err := c.client.RbacV1().Roles(namespace).List(c.ctx, metav1.ListOptions{})
-		if err != nil {
-			return nil, nil, err
-		}
-		for _, x := range roles.Items {
-			if tessera(x.Name) {
-				sort("role "+namespace+"/"+x.Name, false)
-			}
-		}
-		rbs, err := c.client.RbacV1().RoleBindings(namespace).List(c.ctx, metav1.ListOptions{})
-		if err != nil {
-			return nil, nil, err
-		}
-		for _, x := range rbs.Items {
-			if tessera(x.Name) {
-				sort("rolebinding "+namespace+"/"+x.Name, false)
-			}
-		}
-	}
-	pcs, err := c.client.SchedulingV1().PriorityClasses().List(c.ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, nil, err
-	}
-	for _, x := range pcs.Items {
-		if strings.HasPrefix(x.Name, "gpu-") {
-			sort("priorityclass "+x.Name, false)
-		}
-	}
-	vaps, err := c.client.AdmissionregistrationV1().ValidatingAdmissionPolicies().List(c.ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, nil, err
-	}
-	for _, x := range vaps.Items {
-		if tessera(x.Name) {
-			sort("validatingadmissionpolicy "+x.Name, false)
-		}
-	}
-	vapbs, err := c.client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().List(c.ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, nil, err
-	}
-	for _, x := range vapbs.Items {
-		if tessera(x.Name) {
-			sort("validatingadmissionpolicybinding "+x.Name, false)
-		}
-	}
-	hooks, err := c.client.AdmissionregistrationV1().ValidatingWebhookConfigurations().List(c.ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, nil, err
-	}
-	for _, x := range hooks.Items {
-		if tessera(x.Name) {
-			sort("validatingwebhookconfiguration "+x.Name, false)
-		}
-	}
-	classes, err := c.client.ResourceV1().DeviceClasses().List(c.ctx, metav1.ListOptions{})
-	if err != nil {
-		return nil, nil, err
-	}
-	for _, x := range classes.Items {
-		if tessera(x.Name) {
-			sort("deviceclass "+x.Name, false)
+			note("node label "+k, false)
 		}
 	}
 	return unexpected, expected, nil
