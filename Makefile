@@ -194,7 +194,7 @@ NODE_TOOLS = etcd:./etcd kube-apiserver:k8s.io/kubernetes/cmd/kube-apiserver \
 	containerd-shim-runc-v2:github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
 	ctr:github.com/containerd/containerd/v2/cmd/ctr helm:helm.sh/helm/v4/cmd/helm
 node-tools: bin/node/.built
-	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! { command -v runc && command -v iptables && [ -x /usr/lib/cni/bridge ]; } >/dev/null; then \
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! { command -v runc && command -v iptables && command -v ip && [ -x /usr/lib/cni/bridge ]; } >/dev/null; then \
 		echo "installing Debian's runc, CNI plugins and iptables (for make e2e-node)"; \
 		(ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1 || apt-get update -qq) && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends runc containernetworking-plugins iptables iproute2 >/dev/null; fi
