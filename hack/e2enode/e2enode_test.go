@@ -83,3 +83,48 @@ func TestArchiveRef(t *testing.T) {
 		t.Error("archiveRef of a missing archive: no error")
 	}
 }
+
+// The node's parent cgroup: one per hierarchy on cgroup v1, cpuset's seeded
+// from its parent; one directory where cgroup v2 is mounted alone.
+func TestMakeCgroups(t *testing.T) {
+	touch := func(p, content string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v1 := t.TempDir()
+	for _, h := range []string{"cpu", "cpuset", "memory"} {
+		touch(filepath.Join(v1, h, "cgroup.procs"), "")
+	}
+	touch(filepath.Join(v1, "cpuset", "cpuset.cpus"), "0-1\n")
+	touch(filepath.Join(v1, "cpuset", "cpuset.mems"), "0\n")
+	if err := os.Mkdir(filepath.Join(v1, "not-a-hierarchy"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	made, err := makeCgroups(v1, "tessera-e2e-node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{filepath.Join(v1, "cpu/tessera-e2e-node-1"), filepath.Join(v1, "cpuset/tessera-e2e-node-1"), filepath.Join(v1, "memory/tessera-e2e-node-1")}
+	if !reflect.DeepEqual(made, want) {
+		t.Errorf("cgroup v1: made %q, want %q", made, want)
+	}
+	if b, _ := os.ReadFile(filepath.Join(v1, "cpuset/tessera-e2e-node-1/cpuset.cpus")); string(b) != "0-1\n" {
+		t.Errorf("the cpuset cgroup's CPUs %q, want its parent's", b)
+	}
+
+	v2 := t.TempDir()
+	touch(filepath.Join(v2, "cgroup.controllers"), "cpu memory pids\n")
+	touch(filepath.Join(v2, "system.slice", "cgroup.procs"), "")
+	if made, err := makeCgroups(v2, "tessera-e2e-node-1"); err != nil || !reflect.DeepEqual(made, []string{filepath.Join(v2, "tessera-e2e-node-1")}) {
+		t.Errorf("cgroup v2: made %q, %v", made, err)
+	}
+
+	if _, err := makeCgroups(t.TempDir(), "x"); err == nil || !strings.Contains(err.Error(), "no cgroup hierarchy") {
+		t.Errorf("no hierarchy: %v", err)
+	}
+}

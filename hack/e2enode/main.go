@@ -129,7 +129,7 @@ func runOutside(ctx context.Context, o options) error {
 	before := hoststate.Take(ctx, hostOpts)
 	fmt.Printf("host state before: %s (%.1f s)\n", before.Lines(), time.Since(started).Seconds())
 
-	cgroups, err := makeCgroups(o.cgroupName)
+	cgroups, err := makeCgroups("/sys/fs/cgroup", o.cgroupName)
 	if err != nil {
 		return err
 	}
@@ -179,13 +179,10 @@ func runOutside(ctx context.Context, o options) error {
 }
 
 // makeCgroups makes the node's parent cgroup in every hierarchy mounted
-// under /sys/fs/cgroup (kubelet's cgroupRoot), so everything the node
-// starts is found and removed there.
-func makeCgroups(name string) ([]string, error) {
-	entries, err := os.ReadDir("/sys/fs/cgroup")
-	if err != nil {
-		return nil, err
-	}
+// under root (/sys/fs/cgroup; kubelet's cgroupRoot), so everything the node
+// starts is found and removed there: one directory where cgroup v2 is
+// mounted alone, one per hierarchy on cgroup v1.
+func makeCgroups(root, name string) ([]string, error) {
 	var made []string
 	add := func(dir string) error {
 		if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
@@ -203,17 +200,24 @@ func makeCgroups(name string) ([]string, error) {
 		}
 		return nil
 	}
-	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
-		return made, add(filepath.Join("/sys/fs/cgroup", name)) // cgroup v2 alone
+	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err == nil {
+		return made, add(filepath.Join(root, name)) // cgroup v2 alone
+	}
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return nil, err
 	}
 	for _, e := range entries {
-		root := filepath.Join("/sys/fs/cgroup", e.Name())
-		if _, err := os.Stat(filepath.Join(root, "cgroup.procs")); err != nil {
+		hierarchy := filepath.Join(root, e.Name())
+		if _, err := os.Stat(filepath.Join(hierarchy, "cgroup.procs")); err != nil {
 			continue
 		}
-		if err := add(filepath.Join(root, name)); err != nil {
+		if err := add(filepath.Join(hierarchy, name)); err != nil {
 			return made, fmt.Errorf("making the node's cgroup: %w", err)
 		}
+	}
+	if len(made) == 0 {
+		return nil, fmt.Errorf("no cgroup hierarchy under %s", root)
 	}
 	return made, nil
 }
