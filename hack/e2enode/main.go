@@ -131,6 +131,7 @@ func runOutside(ctx context.Context, o options) error {
 
 	cgroups, err := makeCgroups("/sys/fs/cgroup", o.cgroupName)
 	if err != nil {
+		_ = removeCgroups(cgroups, time.Second) // those made before the failure
 		return err
 	}
 	cmd := exec.CommandContext(ctx, "/proc/self/exe", os.Args[1:]...)
