@@ -14,7 +14,6 @@ import (
 	"strings"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -211,19 +210,19 @@ func ready(p *v1.Pod) bool {
 
 // leader reads tessera-scheduler's leader Lease and returns its holder's pod
 // name (the identity is the pod's hostname with a suffix).
-func (c *checks) leader() (string, *coordinationv1.Lease, error) {
+func (c *checks) leader() (string, error) {
 	l, err := c.client.CoordinationV1().Leases("kube-system").Get(c.ctx, scheduler, metav1.GetOptions{})
 	if err != nil {
-		return "", nil, err
+		return "", err
 	}
 	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
-		return "", l, fmt.Errorf("lease kube-system/%s has no holder", scheduler)
+		return "", fmt.Errorf("lease kube-system/%s has no holder", scheduler)
 	}
 	id := *l.Spec.HolderIdentity
 	if i := strings.Index(id, "_"); i > 0 {
 		id = id[:i]
 	}
-	return id, l, nil
+	return id, nil
 }
 
 const schedulerSelector = "app.kubernetes.io/name=tessera-scheduler"
@@ -244,7 +243,7 @@ func (c *checks) schedulersReady() (string, error) {
 		if len(names) != 2 {
 			return false, fmt.Sprintf("%d of %d pods Ready", len(names), len(pods))
 		}
-		holder, _, err := c.leader()
+		holder, err := c.leader()
 		if err != nil {
 			return false, err.Error()
 		}
@@ -308,8 +307,8 @@ func (c *checks) agentCrashLoops() (string, error) {
 	return exit + "\ndoctor: " + said, err
 }
 
-// refused sends a request as the tenant and wants the named policy to refuse
-// it with a message containing want.
+// refused wants a request's error to be the named policy's (or webhook's)
+// refusal, with a message containing want; it returns the refusal.
 func refused(err error, policy, want string) (string, error) {
 	switch {
 	case err == nil:
@@ -476,7 +475,7 @@ func (c *checks) gpuPodPending() (string, error) {
 }
 
 func (c *checks) takeover() (string, error) {
-	before, _, err := c.leader()
+	before, err := c.leader()
 	if err != nil {
 		return "", err
 	}
@@ -486,7 +485,7 @@ func (c *checks) takeover() (string, error) {
 	started := time.Now()
 	var after string
 	err = poll(c.ctx, 2*time.Minute, "another replica leading", func() (bool, string) {
-		after, _, err = c.leader()
+		after, err = c.leader()
 		if err != nil {
 			return false, err.Error()
 		}
@@ -535,7 +534,7 @@ func (c *checks) upgradeNoGPU() (string, error) {
 		if len(fresh) != 2 {
 			return false, fmt.Sprintf("%d new replicas Ready", len(fresh))
 		}
-		holder, _, err := c.leader()
+		holder, err := c.leader()
 		if err != nil || (holder != fresh[0] && holder != fresh[1]) {
 			return false, fmt.Sprintf("leader %q (%v)", holder, err)
 		}
