@@ -12,12 +12,15 @@ OPENB ?= ../shared/traces/openb
 # deprecation warnings (about 300 lines on a cold build) say nothing about Tessera.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: libtessera libtessera-test bench-libtessera c-compiler demo demo-sim test race test-short rules images manifests apt-lists browser web-screenshot soak bench bench-allocate bench-sim bench-scheduler fuzz build vet fmt-check openb openb-timeline e2e-node node-tools clean
+.PHONY: libtessera libtessera-test bench-libtessera c-compiler demo demo-sim test race test-short rules images manifests apt-lists browser web-screenshot soak bench bench-allocate bench-sim bench-scheduler fuzz build vet fmt-check openb openb-timeline e2e-node node-tools tessera-cli clean
 
 ## demo: a local playground cluster (4 simulated nodes × 8 H100s) with a sample workload; prints where each pod landed.
-demo:
-	$(GO) build -ldflags "$(LDFLAGS)" -o bin/tessera ./cmd/tessera
+demo: tessera-cli
 	./bin/tessera up --demo
+
+# bin/tessera, stamped: make demo, soak and e2e-node run it.
+tessera-cli:
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/tessera ./cmd/tessera
 
 ## demo-sim: replay the built-in synthetic workload through every policy and print the summary.
 demo-sim:
@@ -157,8 +160,7 @@ openb-timeline: build
 ## soak: 10,000 events of churn and faults on a playground per seed (SEEDS), invariants checked after every step; prints a summary each.
 SEEDS ?= 1 2 3
 SOAK_EVENTS ?= 10000
-soak:
-	$(GO) build -ldflags "$(LDFLAGS)" -o bin/tessera ./cmd/tessera
+soak: tessera-cli
 	@for s in $(SEEDS); do ./bin/tessera soak --seed $$s --events $(SOAK_EVENTS) || exit 1; done
 
 ## fuzz: run every fuzz target for FUZZEXECS executions each (default 1,000,000; make test runs their seed corpora only).
@@ -176,9 +178,8 @@ fuzz:
 
 ## e2e-node: the chart installed, as the README says, from make images' archives on a one-node cluster of real components (kubelet, containerd, runc, kube-proxy) in namespaces of its own, checked as an operator would, and the host compared before and after (root; docs/development.md#make-e2e-node).
 E2E_REGISTRY ?= e2e.tessera.local
-e2e-node: node-tools
+e2e-node: node-tools tessera-cli
 	$(MAKE) --no-print-directory images REGISTRY=$(E2E_REGISTRY)
-	$(GO) build -ldflags "$(LDFLAGS)" -o bin/tessera ./cmd/tessera
 	$(GO) build -o bin/e2enode ./hack/e2enode
 	./bin/e2enode --registry $(E2E_REGISTRY)
 

@@ -15,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
-	"github.com/tessera-gpu/tessera/deploy"
 	"github.com/tessera-gpu/tessera/deploy/chart"
 )
 
@@ -136,11 +135,7 @@ func chartAgent(t *testing.T, values, dir string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	manifest, err := r.Join()
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := deploy.Objects(manifest)
+	objs, err := r.Objects()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,9 @@ import (
 	chartv2 "helm.sh/helm/v4/pkg/chart/v2"
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
 	"helm.sh/helm/v4/pkg/engine"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/tessera-gpu/tessera/deploy"
 )
 
 // Files is the chart's directory.
@@ -100,6 +103,16 @@ func (r Rendered) Names() []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// Objects is every template's output decoded into its objects, in the
+// order Join gives.
+func (r Rendered) Objects() ([]*unstructured.Unstructured, error) {
+	all, err := r.Join()
+	if err != nil {
+		return nil, err
+	}
+	return deploy.Objects(all)
 }
 
 // Join is every template's output as one multi-document YAML stream.

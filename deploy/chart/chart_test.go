@@ -28,11 +28,7 @@ var Operator = []string{"monitoring.coreos.com/v1/PrometheusRule", "monitoring.c
 // objects decodes every rendered document.
 func objects(t *testing.T, r Rendered) []*unstructured.Unstructured {
 	t.Helper()
-	all, err := r.Join()
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := deploy.Objects(all)
+	objs, err := r.Objects()
 	if err != nil {
 		t.Fatalf("rendered YAML: %v", err)
 	}

@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
@@ -40,6 +39,7 @@ type checks struct {
 	r      *report
 	admin  *rest.Config
 	client kubernetes.Interface
+	tenant kubernetes.Interface // asTenant's, once made
 	tag    string
 }
 
@@ -159,9 +159,10 @@ func (c *checks) nodeReady() (string, error) {
 }
 
 // helm runs the Helm built from hack/tools/node against the cluster.
+// It runs where make e2e-node runs, the repository's root, where the README's
+// paths start.
 func (c *checks) helm(args ...string) (string, error) {
 	cmd := exec.CommandContext(c.ctx, filepath.Join(c.n.o.nodeBin, "helm"), args...)
-	cmd.Dir = filepath.Dir(filepath.Dir(filepath.Dir(c.n.o.chart))) // the repository, where the README's paths start
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+c.n.admin, "HELM_CACHE_HOME="+filepath.Join(c.n.scratch, "helm/cache"),
 		"HELM_CONFIG_HOME="+filepath.Join(c.n.scratch, "helm/config"), "HELM_DATA_HOME="+filepath.Join(c.n.scratch, "helm/data"))
 	out, err := cmd.CombinedOutput()
@@ -323,6 +324,9 @@ func refused(err error, policy, want string) (string, error) {
 // and patch on nodes, so that only the policies stand between it and a
 // forgery.
 func (c *checks) asTenant() (kubernetes.Interface, error) {
+	if c.tenant != nil {
+		return c.tenant, nil
+	}
 	if _, err := c.client.CoreV1().Namespaces().Create(c.ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tenant}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return nil, err
 	}
@@ -339,7 +343,9 @@ func (c *checks) asTenant() (kubernetes.Interface, error) {
 	if _, err := c.client.RbacV1().ClusterRoleBindings().Create(c.ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return nil, err
 	}
-	return kubernetes.NewForConfig(playground.As(c.admin, tenantUser, nil))
+	cs, err := kubernetes.NewForConfig(playground.As(c.admin, tenantUser, nil))
+	c.tenant = cs
+	return cs, err
 }
 
 // gpuPod is a pod asking a slice of a GPU from tessera-scheduler.
@@ -583,15 +589,10 @@ func (c *checks) upgradeNoGPU() (string, error) {
 // metrics reads each component's metrics through its Service's cluster IP,
 // which only kube-proxy's rules lead to a pod.
 func (c *checks) metrics() (string, error) {
-	cert, err := tls.LoadX509KeyPair(c.n.pki.path("admin.crt"), c.n.pki.path("admin.key"))
+	client, err := c.n.adminHTTP()
 	if err != nil {
 		return "", err
 	}
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		// The scheduler's serving certificate is self-signed; it authorizes
-		// /metrics by the client certificate.
-		TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{cert}, InsecureSkipVerify: true}, //nolint:gosec // the scheduler's self-signed certificate
-	}}
 	scrape := func(url, want string) (int, error) {
 		var series int
 		err := poll(c.ctx, time.Minute, "GET "+url, func() (bool, string) {

@@ -155,15 +155,26 @@ func (n *node) stop() {
 	}
 }
 
-// waitHTTPS waits for url to answer 200 with the admin's certificate.
-func (n *node) waitHTTPS(ctx context.Context, what, url string, within time.Duration) error {
+// adminHTTP is an HTTPS client presenting the administrator's certificate:
+// the components authorize /readyz and /metrics by it. Their serving
+// certificates are self-signed (kube-scheduler's) or this run's own, on
+// addresses inside the node's namespace, so they are not verified.
+func (n *node) adminHTTP() (*http.Client, error) {
 	cert, err := tls.LoadX509KeyPair(n.pki.path("admin.crt"), n.pki.path("admin.key"))
+	if err != nil {
+		return nil, err
+	}
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{cert}, InsecureSkipVerify: true}, //nolint:gosec // see above
+	}}, nil
+}
+
+// waitHTTPS waits for url to answer 200 to the administrator.
+func (n *node) waitHTTPS(ctx context.Context, what, url string, within time.Duration) error {
+	c, err := n.adminHTTP()
 	if err != nil {
 		return err
 	}
-	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{cert}, InsecureSkipVerify: true}, //nolint:gosec // a loopback health probe
-	}}
 	return poll(ctx, within, what, func() (bool, string) {
 		resp, err := c.Get(url)
 		if err != nil {

@@ -464,11 +464,7 @@ func decide(t *testing.T, c *cluster, values string, allowed ...string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	all, err := r.Join()
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := deploy.Objects(all)
+	objs, err := r.Objects()
 	if err != nil {
 		t.Fatal(err)
 	}
